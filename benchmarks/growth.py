@@ -1,0 +1,168 @@
+"""(e) Cost growth and idle cost, PostgreSQL.
+
+1. Claim/processing rate on an empty table, then with N finished rows
+   (default 5,000,000 'sucesso' attempts, as the seed keeps every attempt):
+   20,000 pending no-op tasks are processed by one in-process burst worker,
+   three times each, and the medians compared.
+2. An idle worker started through the real CLI: RSS and CPU over 30 s.
+
+    .venv/bin/python benchmarks/growth.py [--finished 5000000] [--reps 3]
+
+Writes benchmarks/results/growth.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import DeclarativeBase
+
+from sqla_queue import QueueMixin, WorkerBase
+from sqla_queue.settings import normalize_url
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+TABLE = "bench_growth"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Task(QueueMixin, Base):
+    __tablename__ = TABLE
+
+
+class Noop(WorkerBase):
+    model = Task
+
+    def execute(self, payload: Any, task: Any, session: Any) -> None:
+        return None
+
+
+def _preload(engine: Any, n: int, status: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {TABLE} (processo, payload, payload_hash, status, prioridade, "
+                "mensagem, data_hora, data_hora_inicial) "
+                "SELECT 'noop', '{\"n\": ' || g || '}', "
+                "convert_to(md5(g::text) || md5(g::text), 'UTF8'), CAST(:status AS varchar), 50, "
+                "CAST(:message AS varchar), "
+                "clock_timestamp() - (g % 5000000) * interval '1 second', "
+                "clock_timestamp() - (g % 5000000) * interval '1 second' "
+                "FROM generate_series(1, :n) AS g"
+            ),
+            {"n": n, "status": status,
+             "message": "Concluído com sucesso" if status == "sucesso" else None},
+        )
+
+
+def _processing_rate(engine: Any, url: str, n: int) -> float:
+    with engine.begin() as conn:
+        conn.execute(text(f"DELETE FROM {TABLE} WHERE status <> 'sucesso' OR processo = 'run'"))
+    _preload(engine, n, "pendente")
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {TABLE} SET processo = 'run' WHERE status = 'pendente'"))
+    started = time.perf_counter()
+    Noop().run(url, burst=True)
+    seconds = time.perf_counter() - started
+    with engine.connect() as conn:
+        done = conn.execute(
+            text(f"SELECT count(*) FROM {TABLE} WHERE processo = 'run' AND status = 'sucesso'")
+        ).scalar()
+    assert done == n, f"{done} of {n} processed"
+    return n / seconds
+
+
+def _idle_cost(url: str, seconds: float) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqla_queue.cli", "worker", "benchmarks.growth:Noop",
+         "--url", url, "--log-level", "WARNING"],
+        cwd=ROOT, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            while not conn.execute(
+                text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+            ).scalar():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the idle worker never started listening")
+                time.sleep(0.1)
+        engine.dispose()
+        time.sleep(2)  # let start-up settle before measuring the idle state
+
+        def cpu() -> float:
+            fields = pathlib.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+        before, t0 = cpu(), time.monotonic()
+        time.sleep(seconds)
+        used, elapsed = cpu() - before, time.monotonic() - t0
+        rss_kb = next(int(line.split()[1]) for line in
+                      pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                      if line.startswith("VmRSS:"))
+        return {"rss_mb": rss_kb / 1024, "cpu_share_of_core": used / elapsed}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--finished", type=int, default=5_000_000)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--idle-seconds", type=float, default=30)
+    args = parser.parse_args()
+    url = normalize_url(args.url).render_as_string(hide_password=False)
+    engine = create_engine(url)
+    Base.metadata.drop_all(engine)
+    Base.metadata.create_all(engine)
+    result: dict[str, Any] = {
+        "url": normalize_url(args.url).render_as_string(),
+        "tasks": args.tasks,
+    }
+    try:
+        result["empty"] = [_processing_rate(engine, url, args.tasks) for _ in range(args.reps)]
+        started = time.perf_counter()
+        _preload(engine, args.finished, "sucesso")
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+        result["fill_seconds"] = time.perf_counter() - started
+        result["finished_rows"] = args.finished
+        result["full"] = [_processing_rate(engine, url, args.tasks) for _ in range(args.reps)]
+        result["idle"] = _idle_cost(url, args.idle_seconds)
+    finally:
+        Base.metadata.drop_all(engine)
+        engine.dispose()
+    empty, full = statistics.median(result["empty"]), statistics.median(result["full"])
+    result["ratio"] = full / empty
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "growth.json").write_text(json.dumps(result, indent=1))
+    print("| table | tasks/s median (min-max) |\n|---|---|")
+    print(f"| empty | {empty:,.0f} ({min(result['empty']):,.0f}-{max(result['empty']):,.0f}) |")
+    print(f"| {args.finished:,} finished rows | {full:,.0f} "
+          f"({min(result['full']):,.0f}-{max(result['full']):,.0f}) |")
+    print(f"ratio full/empty: {result['ratio']:.2f}")
+    print(f"idle worker: {result['idle']['rss_mb']:.1f} MB RSS, "
+          f"{100 * result['idle']['cpu_share_of_core']:.2f}% of a core")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

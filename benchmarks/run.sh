@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# sqla-queue's benchmark, in one command from the repository root:
+#
+#   benchmarks/run.sh                  # everything, 3 repetitions (~35 min)
+#
+# 1. the peer harness (../shared/bench/run_peers.sh) for sqla_queue and the peers on
+#    PostgreSQL: venvs under $VENVS, pgbench floor, (a) (b) (c) (d) per peer
+#    -> benchmarks/results/peers/<peer>.json (+ pgbench.json)
+# 2. sqla_queue through QueueClient.insert_task, (a) and (b) only, with the
+#    harness's driver.py and the sqla_queue venv -> results/peers/sqla_queue_client.json
+# 3. benchmarks/own_dialects.py: the same measurements on MariaDB and SQLite
+#    -> benchmarks/results/own_dialects.json, own_dialects.md
+# 4. the harness's report.py over results/peers -> benchmarks/results/RESULTS.md
+#
+# The harness's JSON files live in results/peers/ because report.py reads every
+# *.json in its folder as a peer (own_dialects.json, growth.json would break it).
+#
+# Environment:
+#   PEERS="sqla_queue pgqueuer"   peers for step 1 (default: sqla_queue pgqueuer
+#                                 procrastinate nsj chancy)
+#   REPS=1                        repetitions (default 3)
+#   SKIP_PGBENCH=1                no pgbench floor
+#   DRIVER_ARGS="--n-txn 1000 --n-bulk 10000 --n-proc 5000 --lat-n 100"
+#                                 scale options for driver.py, also given to own_dialects.py
+#   SKIP_CLIENT=1 SKIP_OWN=1      skip step 2 / step 3
+#   OWN_ARGS="--dialects sqlite"  more own_dialects.py options (--poll-interval, --mysql-url)
+#   BENCH_HARNESS=/path/to/bench  the harness (default: ../shared/bench from the repo root)
+#   RESULTS=dir                   output folder (default: benchmarks/results)
+#   VENVS=dir                     peer venvs (default: /tmp/bench-venvs)
+#
+# Quick smoke test (~4 min):
+#   REPS=1 SKIP_PGBENCH=1 PEERS="sqla_queue pgqueuer" \
+#     DRIVER_ARGS="--n-txn 1000 --n-bulk 10000 --n-proc 5000 --lat-n 100" benchmarks/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+HARNESS=$(cd "${BENCH_HARNESS:-$ROOT/../shared/bench}" && pwd)
+RESULTS=${RESULTS:-benchmarks/results}
+mkdir -p "$RESULTS/peers"
+RESULTS=$(cd "$RESULTS" && pwd)
+PEER_RESULTS=$RESULTS/peers
+export VENVS=${VENVS:-/tmp/bench-venvs}
+PEERS=${PEERS:-"sqla_queue pgqueuer procrastinate nsj chancy"}
+REPS=${REPS:-3}
+PY=$VENVS/sqla_queue/bin/python
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+# 1. peers (builds the sqla_queue venv, editable, when sqla_queue is in PEERS)
+ADAPTER_PATH=benchmarks/peers RESULTS=$PEER_RESULTS INSTALL_sqla_queue="-e $ROOT" \
+  PEERS=$PEERS REPS=$REPS "$HARNESS/run_peers.sh"
+rm -f "$PEER_RESULTS/RESULTS.md"  # step 4 writes the complete one
+
+if [ -z "${SKIP_CLIENT:-}" ] || [ -z "${SKIP_OWN:-}" ]; then
+  if [ ! -x "$PY" ]; then
+    log "creating venv $VENVS/sqla_queue"
+    python3 -m venv "$VENVS/sqla_queue"
+    "$VENVS/sqla_queue/bin/pip" install -q --disable-pip-version-check -e "$ROOT"
+  fi
+fi
+
+# 2. QueueClient.insert_task: (a) and (b) through the harness's driver
+if [ -z "${SKIP_CLIENT:-}" ]; then
+  log "peer sqla_queue (QueueClient), --only a,b"
+  # shellcheck disable=SC2086  # DRIVER_ARGS is a list of options
+  PYTHONPATH="$ROOT/benchmarks/peers${PYTHONPATH:+:$PYTHONPATH}" "$PY" "$HARNESS/driver.py" \
+    --adapter sqla_queue_client_adapter --db bench_sqla_queue_client --reps "$REPS" \
+    --out "$PEER_RESULTS/sqla_queue_client.json" ${DRIVER_ARGS:-} --only a,b \
+    || log "driver for sqla_queue (QueueClient) exited with an error (see above); continuing"
+  # (c) and (d) were not run: drop their empty entries, which report.py would list as failed
+  "$PY" - "$PEER_RESULTS/sqla_queue_client.json" <<'EOF' || true
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    res = json.load(f)
+for key in ("c", "d"):
+    if not any(res[key].values()):
+        res[key] = {}
+with open(path, "w") as f:
+    json.dump(res, f, indent=1)
+EOF
+fi
+
+# 3. MariaDB and SQLite
+if [ -z "${SKIP_OWN:-}" ]; then
+  log "own dialects: MariaDB, SQLite"
+  scripts/start-databases.sh
+  # shellcheck disable=SC2086
+  BENCH_HARNESS=$HARNESS "$PY" benchmarks/own_dialects.py --results "$RESULTS" --reps "$REPS" \
+    ${DRIVER_ARGS:-} ${OWN_ARGS:-} \
+    || log "own_dialects.py reported failed measurements (see above); continuing"
+fi
+
+# 4. the report over every peer result
+python3 "$HARNESS/report.py" --results "$PEER_RESULTS" --out "$RESULTS/RESULTS.md"

@@ -1,0 +1,229 @@
+"""The adapter contract: one method per database operation.
+
+An adapter knows SQL and its dialect, never what a retry or a dead letter
+is: the manager decides, the adapter executes. Portable statements are
+SQLAlchemy Core here; each dialect module overrides what its database does
+differently (claims, locks, wake-ups). An operation a database cannot do
+raises :class:`UnsupportedOperationError`; it never silently does nothing.
+
+Transactions: operations on the claim connection are called inside the
+manager's ``with conn.begin()`` (free on PostgreSQL, whose claim connection
+is in autocommit); operations on the work connection run in the caller's
+transaction. Adapters never begin or commit.
+
+Connections: a worker lane holds two. The *claim connection* claims tasks
+and owns the per-task locks (they die with it, so a dead worker's tasks are
+visible to the rescue); the *work connection* carries the handlers'
+transaction and the status updates that commit with them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..exceptions import UnsupportedOperationError
+from ..identifiers import lock_namespace
+from ..mixins import Status
+from ..records import TaskRecord
+from ..types import UtcDateTime, utcnow
+
+__all__ = ["Adapter", "Listener"]
+
+SUCCESS_MESSAGE = "Concluído com sucesso"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class Listener:
+    """Wakes idle lanes when the database says work arrived."""
+
+    def start(self, wake: threading.Event) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class Adapter:
+    """Database operations on one queue table (portable defaults)."""
+
+    family: ClassVar[str] = "generic"
+    #: the claim connection runs in autocommit (one statement, one round trip)
+    claim_autocommit: ClassVar[bool] = False
+    supports_notify: ClassVar[bool] = False
+    supports_task_locks: ClassVar[bool] = False
+
+    def __init__(self, table: Table, channel: str) -> None:
+        self.table = table
+        self.channel = channel
+        qualified = f"{table.schema}.{table.name}" if table.schema else table.name
+        self.qualified_name = qualified
+        self.task_lock_namespace = lock_namespace(qualified, "task")
+        self.maintenance_lock_namespace = lock_namespace(qualified, "maintenance")
+        c = table.c
+        self._claim_order = (c.prioridade.desc(), c.data_hora, c.id)
+        self._insert_returning = insert(table).returning(c.id, sort_by_parameter_order=True)
+        self._complete_default = (
+            update(table)
+            .where(self._id_in("ids"))
+            .values(status=Status.SUCCEEDED.value, mensagem=SUCCESS_MESSAGE)
+        )
+        self._complete_custom = (
+            update(table)
+            .where(c.id == bindparam("b_id"))
+            .values(status=Status.SUCCEEDED.value, mensagem=bindparam("b_message"))
+        )
+        self._hand_back = (
+            update(table)
+            .where(self._id_in("ids"), c.status == Status.PROCESSING.value)
+            .values(status=Status.PENDING.value)
+        )
+        self._promote = (
+            update(table)
+            .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+            .values(status=Status.PENDING.value)
+        )
+        self._next_due = select(func.min(c.data_hora)).where(c.status == Status.SCHEDULED.value)
+        self._payloads = select(c.id, c.payload).where(self._id_in("ids"))
+
+    # ------------------------------------------------------------ helpers
+    def now(self) -> ColumnElement[dt.datetime]:
+        """The current time in SQL (the application's clock by default)."""
+        return bindparam("now", callable_=utcnow, type_=UtcDateTime())
+
+    def _id_in(self, name: str) -> ColumnElement[bool]:
+        return self.table.c.id.in_(bindparam(name, expanding=True))
+
+    def prepare_engine(self, engine: Engine) -> None:
+        """Per-dialect settings the worker needs on its own engine."""
+
+    def connect_claim(self, engine: Engine) -> Connection:
+        conn = engine.connect()
+        if self.claim_autocommit:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
+
+    def _records(
+        self, keys: Sequence[str], rows: Sequence[Sequence[Any]], conn: Connection
+    ) -> list[TaskRecord]:
+        """Records for claimed rows, with the first attempt's payload on retries
+        (the seed stores the payload on the first attempt only)."""
+        payload_at = list(keys).index("payload")
+        initial_at = list(keys).index("id_inicial")
+        missing = {row[initial_at] for row in rows if row[payload_at] is None and row[initial_at]}
+        if missing:
+            payloads = dict(conn.execute(self._payloads, {"ids": sorted(missing)}).tuples().all())
+            rows = [
+                row
+                if row[payload_at] is not None or row[initial_at] not in payloads
+                else (*row[:payload_at], payloads[row[initial_at]], *row[payload_at + 1 :])
+                for row in rows
+            ]
+        records = TaskRecord.from_rows(keys, rows)
+        records.sort(key=lambda r: (-(r.priority or 0), r.run_at or _EPOCH, r.id))
+        return records
+
+    def _fetch_records(
+        self, conn: Connection, statement: Any, parameters: Mapping[str, Any]
+    ) -> list[TaskRecord]:
+        result = conn.execute(statement, parameters)
+        return self._records(list(result.keys()), result.all(), conn)
+
+    # ------------------------------------------------------------ enqueue
+    def task_insert_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Insert rows (seed column names, same keys in every row); new ids in order."""
+        if not rows:
+            return []
+        if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            return list(conn.execute(self._insert_returning, list(rows)).scalars())
+        stmt = insert(self.table)
+        return [conn.execute(stmt, dict(row)).inserted_primary_key[0] for row in rows]  # type: ignore[index]
+
+    def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Bulk insert through the database's COPY protocol."""
+        raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")
+
+    # ------------------------------------------------------------ claim
+    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        """Mark up to ``limit`` ready tasks ``processando`` for this connection,
+        commit that, and return them in claim order."""
+        raise UnsupportedOperationError(f"{self.family}: task_claim_many")
+
+    def task_promote_due(self, conn: Connection) -> int:
+        """``agendada`` rows whose time has come become ``pendente``."""
+        return conn.execute(self._promote).rowcount
+
+    def task_next_due(self, conn: Connection) -> dt.datetime | None:
+        """When the earliest ``agendada`` row becomes due (None: there is none)."""
+        value = conn.execute(self._next_due).scalar()
+        return UtcDateTime().process_result_value(value, conn.dialect) if value else None
+
+    # ------------------------------------------------------------ finish
+    def task_complete_many(
+        self, conn: Connection, *, results: Sequence[tuple[int, str | None]]
+    ) -> None:
+        """``sucesso`` with each message (None: the default message)."""
+        default = [task_id for task_id, message in results if message is None]
+        custom = [
+            {"b_id": task_id, "b_message": message}
+            for task_id, message in results
+            if message is not None
+        ]
+        if default:
+            conn.execute(self._complete_default, {"ids": default})
+        if custom:
+            conn.execute(self._complete_custom, custom)
+
+    def task_update(self, conn: Connection, *, task_id: int, values: Mapping[str, Any]) -> None:
+        """Set columns (seed names) of one row."""
+        conn.execute(update(self.table).where(self.table.c.id == task_id).values(**values))
+
+    def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int]) -> int:
+        """Claimed tasks that never ran go back to ``pendente``."""
+        if not ids:
+            return 0
+        return conn.execute(self._hand_back, {"ids": list(ids)}).rowcount
+
+    # ------------------------------------------------------------ locks
+    def lock_release_many(self, conn: Connection, *, ids: Sequence[int]) -> None:
+        """Release the per-task locks the claim connection took. A dialect
+        without per-task locks took none, so it has nothing to release."""
+        if self.supports_task_locks:
+            raise UnsupportedOperationError(f"{self.family}: lock_release_many")
+
+    def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        """``processando`` rows whose worker is gone (their per-task lock is
+        free); returned with that lock now held by ``conn``."""
+        raise UnsupportedOperationError(
+            f"{self.family}: cannot tell a running task from a lost one "
+            "(no per-task lock that dies with the worker)"
+        )
+
+    def lock_try(self, conn: Connection, *, key: int) -> bool:
+        """Try to take maintenance lock ``key`` on ``conn``, without waiting."""
+        raise UnsupportedOperationError(f"{self.family}: lock_try")
+
+    def lock_release(self, conn: Connection, *, key: int) -> None:
+        raise UnsupportedOperationError(f"{self.family}: lock_release")
+
+    # ------------------------------------------------------------ wake-ups
+    def notify(self, conn: Connection) -> None:
+        """Wake the workers listening on this queue's channel."""
+        raise UnsupportedOperationError(f"{self.family}: notify")
+
+    def listener(self, engine: Engine) -> Listener:
+        raise UnsupportedOperationError(f"{self.family}: listener")

@@ -1,0 +1,273 @@
+"""PostgreSQL: SKIP LOCKED claims, advisory locks, LISTEN/NOTIFY.
+
+A claim is one autocommit statement: it marks up to N ready rows
+``processando`` (``FOR UPDATE SKIP LOCKED``, so concurrent workers never
+take the same row) and, in its RETURNING list, takes a session-level
+advisory lock per task on the claim connection. The lock lives exactly as
+long as that connection: if the worker dies, the lock goes with it and the
+rescue can tell the task is lost. Lock keys are (queue namespace, low 32
+bits of the id), so queues and maintenance routines never share keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Integer,
+    any_,
+    bindparam,
+    cast,
+    func,
+    literal,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import Select
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
+
+from ..mixins import Status
+from ..records import TaskRecord
+from .base import Adapter, Listener
+
+logger = logging.getLogger("sqla_queue.postgresql")
+
+LISTEN_POLL_SECONDS = 1.0  # how often the listener thread checks for stop
+RECONNECT_DELAY_SECONDS = 1.0
+
+
+def _lock_objid(id_expr: Any) -> Any:
+    return cast((id_expr % 4294967296) - 2147483648, Integer)
+
+
+class _array_of(ColumnElement[Any]):
+    """``ARRAY(SELECT ...)``: the claim's subquery runs once, first, and the
+    UPDATE then finds its rows through the primary key. (``id IN (SELECT ...)``
+    was planned as a hash join over a scan of the whole table.)"""
+
+    inherit_cache = True
+    _traverse_internals = [("subquery", InternalTraversal.dp_clauseelement)]  # noqa: RUF012
+
+    def __init__(self, subquery: Select[Any]) -> None:
+        self.subquery = subquery.scalar_subquery()
+        self.type = ARRAY(BigInteger)
+
+
+@compiles(_array_of)
+def _compile_array_of(element: _array_of, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"ARRAY({compiler.process(element.subquery, **kw)})"
+
+
+class PostgresAdapter(Adapter):
+    family = "postgresql"
+    claim_autocommit = True
+    supports_notify = True
+    supports_task_locks = True
+
+    def __init__(self, table: Any, channel: str) -> None:
+        super().__init__(table, channel)
+        t = self.table
+        c = t.c
+        ready = (
+            select(c.id)
+            .where(c.status == Status.PENDING.value, c.data_hora <= func.now())
+            .order_by(*self._claim_order)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+        initial = t.alias("inicial")
+        initial_payload = select(initial.c.payload).where(initial.c.id == c.id_inicial)
+        columns = [col for col in c if col.name != "payload"]
+        ns = literal(self.task_lock_namespace, Integer)
+        self._claim = (
+            update(t)
+            .where(c.id == any_(_array_of(ready)))
+            .values(status=Status.PROCESSING.value)
+            .returning(
+                *columns,
+                func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload"),
+                func.pg_try_advisory_lock(ns, _lock_objid(c.id)).label("sqlaq_locked"),
+            )
+        )
+        self._unlock = text(
+            "SELECT count(pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)) "
+            "FROM unnest(CAST(:ids AS bigint[])) AS x"
+        ).bindparams(ns=self.task_lock_namespace)
+        self._lost = text(
+            f"SELECT s.id FROM (SELECT id FROM {self._quoted()} WHERE status = 'processando' "
+            "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) AS s "
+            "WHERE pg_try_advisory_lock(:ns, ((s.id % 4294967296) - 2147483648)::int4)"
+        ).bindparams(ns=self.task_lock_namespace)
+        self._unnest_inserts = {}
+        self._next_ids = text(
+            "SELECT nextval(pg_get_serial_sequence(:table, 'id')) FROM generate_series(1, :n)"
+        ).bindparams(table=self._quoted())
+        self._rows_by_id = select(
+            *columns, func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload")
+        ).where(self._id_in("ids"))
+
+    _unnest_inserts: dict[tuple[str, ...], Any]
+
+    def _quoted(self) -> str:
+        t = self.table
+        return f'"{t.schema}"."{t.name}"' if t.schema else f'"{t.name}"'
+
+    def now(self) -> ColumnElement[dt.datetime]:
+        return func.now()
+
+    def _id_in(self, name: str) -> ColumnElement[bool]:
+        # one statement text for any number of ids: psycopg prepares it once
+        return self.table.c.id == any_(cast(bindparam(name), ARRAY(BigInteger)))
+
+    def _unnest_insert(self, columns: tuple[str, ...]) -> Any:
+        statement = self._unnest_inserts.get(columns)
+        if statement is None:
+            dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+            casts = ", ".join(
+                f"CAST(:c{i} AS {self.table.c[name].type.compile(dialect)}[])"
+                for i, name in enumerate(columns)
+            )
+            names = ", ".join(f'"{name}"' for name in columns)
+            statement = self._unnest_inserts[columns] = text(
+                f"INSERT INTO {self._quoted()} ({names}) SELECT * FROM unnest({casts}) RETURNING id"
+            )
+        return statement
+
+    def task_insert_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """One ``INSERT ... SELECT * FROM unnest(arrays)``: a short statement
+        whatever the number of rows (a VALUES list of thousands of parameters
+        costs more to build and parse than to run)."""
+        if len(rows) < 2:
+            return super().task_insert_many(conn, rows=rows)
+        columns = tuple(rows[0])
+        values = {f"c{i}": [row[name] for row in rows] for i, name in enumerate(columns)}
+        ids = conn.execute(self._unnest_insert(columns), values).scalars().all()
+        # ids come from the sequence in the order unnest produced the rows
+        return sorted(ids)
+
+    def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Bulk insert with COPY: ids are drawn from the sequence first, so
+        they are known and returned in order."""
+        if not rows:
+            return []
+        ids = list(conn.execute(self._next_ids, {"n": len(rows)}).scalars())
+        columns = tuple(rows[0])
+        names = ", ".join(f'"{name}"' for name in ("id", *columns))
+        cursor = conn.connection.cursor()
+        try:
+            with cursor.copy(f"COPY {self._quoted()} ({names}) FROM STDIN") as copy:
+                for task_id, row in zip(ids, rows, strict=True):
+                    copy.write_row((task_id, *[row[name] for name in columns]))
+        finally:
+            cursor.close()
+        return ids
+
+    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        result = conn.execute(self._claim, {"limit": limit})
+        keys = list(result.keys())
+        rows = result.all()
+        unlocked = [row.id for row in rows if not row.sqlaq_locked]
+        if unlocked:
+            # the lock key is taken by a task 2**32 ids away: run it later
+            self.task_hand_back_many(conn, ids=unlocked)
+            rows = [row for row in rows if row.sqlaq_locked]
+        return self._records(keys, rows, conn)
+
+    def lock_release_many(self, conn: Connection, *, ids: Any) -> None:
+        if ids:
+            conn.execute(self._unlock, {"ids": list(ids)})
+
+    def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        ids = conn.execute(self._lost, {"limit": limit}).scalars().all()
+        if not ids:
+            return []
+        return self._fetch_records(conn, self._rows_by_id, {"ids": list(ids)})
+
+    def lock_try(self, conn: Connection, *, key: int) -> bool:
+        return bool(
+            conn.execute(
+                text("SELECT pg_try_advisory_lock(:ns, :key)"),
+                {"ns": self.maintenance_lock_namespace, "key": key},
+            ).scalar()
+        )
+
+    def lock_release(self, conn: Connection, *, key: int) -> None:
+        conn.execute(
+            text("SELECT pg_advisory_unlock(:ns, :key)"),
+            {"ns": self.maintenance_lock_namespace, "key": key},
+        )
+
+    def notify(self, conn: Connection) -> None:
+        conn.execute(text("SELECT pg_notify(:channel, '')"), {"channel": self.channel})
+
+    def listener(self, engine: Engine) -> Listener:
+        return PostgresListener(engine, self.channel)
+
+
+class PostgresListener(Listener):
+    """A thread that LISTENs on its own connection and sets the wake event.
+
+    After any reconnect it wakes the lanes too: notifications sent while it
+    was away are lost, so they must look for themselves."""
+
+    def __init__(self, engine: Engine, channel: str) -> None:
+        self.engine = engine
+        self.channel = channel
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.listening = threading.Event()
+
+    def start(self, wake: threading.Event) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(wake,), name=f"sqla-queue-listen-{self.channel}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=LISTEN_POLL_SECONDS * 3)
+
+    def _connect(self) -> Any:
+        raw = self.engine.raw_connection()
+        dbapi_conn = raw.driver_connection
+        assert dbapi_conn is not None
+        raw.detach()  # ours alone: it never goes back to the pool
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute(f'LISTEN "{self.channel}"')
+        return dbapi_conn
+
+    def _run(self, wake: threading.Event) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = self._connect()
+            except Exception as exc:  # the database is away: retry
+                logger.warning("LISTEN %s failed: %r", self.channel, exc)
+                self._stop.wait(RECONNECT_DELAY_SECONDS)
+                continue
+            self.listening.set()
+            wake.set()
+            try:
+                while not self._stop.is_set():
+                    for _ in conn.notifies(timeout=LISTEN_POLL_SECONDS, stop_after=1):
+                        wake.set()
+            except Exception as exc:
+                logger.warning("LISTEN %s lost its connection: %r", self.channel, exc)
+                self.listening.clear()
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.close()

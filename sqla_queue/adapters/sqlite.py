@@ -1,0 +1,91 @@
+"""SQLite, the embedded default: one writer at a time, ``BEGIN IMMEDIATE``.
+
+A claim is ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING`` inside
+``BEGIN IMMEDIATE``: the write lock is taken before the read, so two workers
+never claim the same row. Waits for the lock use SQLite's busy timeout; the
+worker's engine runs in WAL mode so readers never wait for writers.
+SQLite has no lock that dies with a process, so a task whose worker was
+killed stays ``processando`` (a graceful stop hands tasks back).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, event, select, update
+
+from ..mixins import Status
+from ..records import TaskRecord
+from .base import Adapter
+
+BUSY_TIMEOUT_SECONDS = 30.0
+
+
+def _use_wal(cursor: Any) -> None:
+    """Put the database file in WAL mode, once, even when processes race.
+
+    Switching the journal mode needs an exclusive lock and SQLite answers
+    "database is locked" at once, without the busy handler, when another
+    connection holds any lock; so read the mode first (WAL persists in the
+    file) and retry the switch until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+    delay = 0.005
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)  # back off between attempts, bounded by the deadline
+        delay = min(delay * 2, 0.2)
+
+
+class SQLiteAdapter(Adapter):
+    family = "sqlite"
+
+    def __init__(self, table: Any, channel: str) -> None:
+        super().__init__(table, channel)
+        c = self.table.c
+        ready = (
+            select(c.id)
+            .where(c.status == Status.PENDING.value, c.data_hora <= self.now())
+            .order_by(*self._claim_order)
+            .limit(bindparam("limit"))
+        )
+        self._claim = (
+            update(self.table)
+            .where(c.id.in_(ready.scalar_subquery()))
+            .values(status=Status.PROCESSING.value)
+            .returning(*c)
+        )
+
+    def prepare_engine(self, engine: Engine) -> None:
+        if getattr(engine, "_sqla_queue_sqlite", False):
+            return
+        engine._sqla_queue_sqlite = True  # type: ignore[attr-defined]
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn: Any, record: Any) -> None:
+            # let SQLAlchemy, not pysqlite, decide when transactions begin
+            dbapi_conn.isolation_level = None
+            cursor = dbapi_conn.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_SECONDS * 1000)}")
+            if engine.url.database not in (None, "", ":memory:"):
+                _use_wal(cursor)
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # take the write lock up front: a deferred transaction that reads
+            # and then writes can fail at once instead of waiting its turn
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        return self._fetch_records(conn, self._claim, {"limit": limit})

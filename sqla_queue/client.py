@@ -1,0 +1,229 @@
+"""``QueueClient``: the seed's SDK calls, in the caller's transaction.
+
+Code written for nsj-queue-lib ports by changing the import::
+
+    client = QueueClient(session, "fila_faturamento")
+    client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7})
+
+Parameters keep the seed's names and order; English keyword aliases work too
+(``process=``, ``external_key=``, ``run_at=``, ``priority=``...). Nothing here
+commits: the rows are written on the caller's Session or Connection and
+commit or roll back with it. Unlike the reference, every insert returns the
+new ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from sqlalchemy import Connection, Table, select
+from sqlalchemy.orm import DeclarativeBase, Session
+
+from .adapters import Adapter, adapter_for
+from .exceptions import ConfigurationError
+from .identifiers import split_table_name
+from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
+from .payload import hash_payload, serialize_payload
+from .records import TaskRecord
+from .types import utcnow
+
+__all__ = ["QueueClient", "resolve_table"]
+
+DEFAULT_EQUIVALENT_STATUSES = ("sucesso", "pendente", "agendada")
+_SEED_PARAMETERS = (
+    "origem",
+    "destino",
+    "processo",
+    "chave_externa",
+    "payload",
+    "tenant",
+    "grupo_empresarial",
+    "data_hora",
+    "prioridade",
+)
+_ALIASES = {
+    "origin": "origem",
+    "destination": "destino",
+    "process": "processo",
+    "external_key": "chave_externa",
+    "company_group": "grupo_empresarial",
+    "run_at": "data_hora",
+    "priority": "prioridade",
+}
+
+
+class _ClientBase(DeclarativeBase):
+    """Private registry for tables named by string."""
+
+
+_tables: dict[tuple[str | None, str], type[QueueMixin]] = {}
+_tables_lock = threading.Lock()
+
+
+def resolve_table(name: str | type[QueueMixin] | Table) -> Table:
+    """The queue table for a model, a Table, or a (schema-qualified) name."""
+    if isinstance(name, Table):
+        return name
+    if isinstance(name, type) and issubclass(name, QueueMixin):
+        return name.__table__  # type: ignore[attr-defined,no-any-return]
+    schema, table = split_table_name(name)  # type: ignore[arg-type]
+    with _tables_lock:
+        if (schema, table) not in _tables:
+            _tables[(schema, table)] = type(  # type: ignore[assignment]
+                f"_Queue_{schema}_{table}",
+                (QueueMixin, _ClientBase),
+                {"__tablename__": table, "__table_args__": {"schema": schema}},
+            )
+        return _tables[(schema, table)].__table__  # type: ignore[attr-defined,no-any-return]
+
+
+_KEYS = {**{name: name for name in _SEED_PARAMETERS}, **_ALIASES}
+
+
+def _normalise(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Seed parameter names for positional and keyword (seed or English) values."""
+    if len(args) > len(_SEED_PARAMETERS):
+        raise TypeError(f"at most {len(_SEED_PARAMETERS)} positional arguments")
+    try:
+        values = {_KEYS[key]: value for key, value in kwargs.items()}
+    except KeyError as exc:
+        raise TypeError(f"unexpected argument {exc.args[0]!r}") from None
+    if len(values) < len(kwargs) or any(name in values for name in _SEED_PARAMETERS[: len(args)]):
+        raise TypeError("an argument is given twice (seed and English names name one parameter)")
+    values.update(zip(_SEED_PARAMETERS, args, strict=False))
+    return values
+
+
+def _task_row(values: Mapping[str, Any], *, pub_sub: bool, now: dt.datetime) -> dict[str, Any]:
+    get = values.get
+    text = serialize_payload(get("payload"))
+    run_at = get("data_hora")
+    if run_at is not None and run_at.tzinfo is None:
+        run_at = run_at.replace(tzinfo=dt.timezone.utc)
+    priority = get("prioridade")
+    row = {
+        "origem": get("origem"),
+        "destino": get("destino"),
+        "processo": get("processo"),
+        "chave_externa": get("chave_externa"),
+        "payload": text,
+        "payload_hash": hash_payload(text),
+        "tenant": get("tenant"),
+        "grupo_empresarial": get("grupo_empresarial"),
+        "prioridade": DEFAULT_PRIORITY if priority is None else int(priority),
+        "pub_sub": pub_sub,
+        "status": _SCHEDULED if run_at is not None and run_at > now else _PENDING,
+    }
+    if run_at is not None:  # else both take the database's clock
+        row["data_hora"] = run_at
+        row["data_hora_inicial"] = run_at
+    return row
+
+
+_SCHEDULED = Status.SCHEDULED.value
+_PENDING = Status.PENDING.value
+
+
+class QueueClient:
+    """Enqueue on ``bd_conn`` (a Session or a Connection) into ``queue_table``
+    (a model, a Table, or a table name, optionally ``schema.table``)."""
+
+    _adapters: ClassVar[dict[tuple[str, int], Adapter]] = {}
+
+    def __init__(
+        self,
+        bd_conn: Session | Connection,
+        queue_table: str | type[QueueMixin] | Table,
+        queue_subscriber_table: str | None = None,
+    ) -> None:
+        if not isinstance(bd_conn, (Session, Connection)):
+            raise ConfigurationError(
+                "QueueClient needs a SQLAlchemy Session or Connection, "
+                f"not {type(bd_conn).__name__}"
+            )
+        self.bd_conn = bd_conn
+        self.table = resolve_table(queue_table)
+        if queue_subscriber_table is not None:
+            split_table_name(queue_subscriber_table)
+        self.subscriber_table = queue_subscriber_table
+
+    @property
+    def connection(self) -> Connection:
+        if isinstance(self.bd_conn, Session):
+            return self.bd_conn.connection()
+        return self.bd_conn
+
+    def _adapter(self, conn: Connection) -> Adapter:
+        key = (conn.dialect.name, id(self.table))
+        adapter = self._adapters.get(key)
+        if adapter is None:
+            channel = self.table.info.get("sqla_queue", {}).get("channel") or self.table.name
+            adapter = self._adapters[key] = adapter_for(conn.dialect, self.table, channel)
+        return adapter
+
+    # ------------------------------------------------------------- inserts
+    def insert_task(self, *args: Any, **kwargs: Any) -> int:
+        """Enqueue one task; returns its id. Parameters: ``origem, destino,
+        processo, chave_externa, payload, tenant=None, grupo_empresarial=None,
+        data_hora=None, prioridade=None`` (or their English names)."""
+        return self.insert_tasks([_normalise(args, kwargs)])[0]
+
+    def insert_tasks(
+        self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool = False
+    ) -> list[int]:
+        """Enqueue many tasks (mappings of the same parameters); returns
+        their ids in order. One INSERT statement on PostgreSQL, MariaDB and
+        SQLite (row by row only where the database cannot return ids)."""
+        return self._insert(tasks, pub_sub=pub_sub, copy=False)
+
+    def copy_tasks(self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool = False) -> list[int]:
+        """Like :meth:`insert_tasks`, through PostgreSQL's COPY (fastest for
+        large batches); other databases raise UnsupportedOperationError."""
+        return self._insert(tasks, pub_sub=pub_sub, copy=True)
+
+    def _insert(
+        self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool, copy: bool
+    ) -> list[int]:
+        now = utcnow()
+        rows = [_task_row(_normalise((), task), pub_sub=pub_sub, now=now) for task in tasks]
+        conn = self.connection
+        adapter = self._adapter(conn)
+        insert_many = adapter.task_copy_many if copy else adapter.task_insert_many
+        ids: list[int] = [0] * len(rows)
+        # rows with and without data_hora are inserted apart (same keys per statement)
+        for scheduled in (False, True):
+            positions = [i for i, row in enumerate(rows) if ("data_hora" in row) == scheduled]
+            if positions:
+                new_ids = insert_many(conn, rows=[rows[i] for i in positions])
+                for position, new_id in zip(positions, new_ids, strict=True):
+                    ids[position] = new_id
+        return ids
+
+    # ------------------------------------------------------------- queries
+    def list_equivalent_task(
+        self, *args: Any, status: Sequence[str] = DEFAULT_EQUIVALENT_STATUSES, **kwargs: Any
+    ) -> list[TaskRecord]:
+        """Tasks already in the queue with the same origin, destination,
+        process, external key, payload, tenant and company group, in one of
+        ``status`` (default: sucesso, pendente, agendada)."""
+        values = _normalise(args, kwargs)
+        payload_hash = hash_payload(serialize_payload(values.get("payload")))
+        if payload_hash is None:
+            return []
+        c = self.table.c
+        criteria = [c.payload_hash == payload_hash, c.status.in_(list(status))]
+        for column in (
+            "chave_externa",
+            "origem",
+            "destino",
+            "processo",
+            "tenant",
+            "grupo_empresarial",
+        ):
+            value = values.get(column)
+            criteria.append(c[column].is_(None) if value is None else c[column] == value)
+        rows = self.connection.execute(select(self.table).where(*criteria).order_by(c.id))
+        return TaskRecord.from_rows(list(rows.keys()), rows.all())

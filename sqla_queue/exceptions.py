@@ -1,0 +1,39 @@
+"""Every error sqla-queue raises on purpose.
+
+All of them subclass :class:`SqlaQueueError`; each docstring is the default
+message, so ``raise NotInstalledError()`` already tells the user what to do.
+"""
+
+from __future__ import annotations
+
+
+class SqlaQueueError(Exception):
+    """sqla-queue failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(SqlaQueueError, ValueError):
+    """The configuration is invalid."""
+
+
+class InvalidIdentifierError(ConfigurationError):
+    """A schema, table or channel name is not a valid SQL identifier."""
+
+
+class PayloadError(SqlaQueueError, ValueError):
+    """The payload cannot be serialised to JSON."""
+
+
+class NotInstalledError(SqlaQueueError):
+    """A queue task is being flushed by a Session that sqla-queue is not
+    installed on: call ``sqla_queue.install(Session)`` once at start-up."""
+
+
+class UnsupportedOperationError(SqlaQueueError):
+    """This database does not support the operation."""
+
+
+class WorkerImportError(ConfigurationError):
+    """The worker class could not be imported; give it as ``module:Class``."""

@@ -1,0 +1,240 @@
+"""``QueueMixin``: a declarative mixin that makes a model a queue table.
+
+Python attributes are English; the columns keep the names, types, defaults
+and status values of nsj-queue-lib, so its tables, dashboards and workers keep
+working (``docs/columns.md`` has the whole mapping)::
+
+    class Task(QueueMixin, Base):
+        __tablename__ = "fila_faturamento"
+        __queue_channel__ = "fila_faturamento"   # optional, NOTIFY channel
+
+When the class is mapped, the indexes the claim query needs are added (partial
+on PostgreSQL and SQLite) and, on PostgreSQL, the ``AFTER INSERT`` trigger
+that NOTIFYs the queue's channel, so ``metadata.create_all()`` builds all of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sqlalchemy import (
+    DDL,
+    BigInteger,
+    Boolean,
+    Index,
+    Integer,
+    String,
+    Table,
+    event,
+    false,
+    text,
+)
+from sqlalchemy.ext.hybrid import hybrid_property
+from sqlalchemy.orm import Mapped, Mapper, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
+
+from .identifiers import validate_identifier
+from .payload import decode_payload
+from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
+
+__all__ = ["COLUMN_NAMES", "QueueMixin", "Status"]
+
+DEFAULT_PRIORITY = 50
+MESSAGE_MAX_LENGTH = 500  # varchar(500) in the reference DDL
+
+
+class Status(str, enum.Enum):
+    """The seed's status values, stored as their text."""
+
+    SCHEDULED = "agendada"
+    PENDING = "pendente"
+    PROCESSING = "processando"
+    FAILED = "falha"
+    FAILED_PROCESSING = "falha_processando"
+    SUCCEEDED = "sucesso"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_PENDING_PAYLOAD = "_sqla_queue_pending_payload"
+
+
+class QueueMixin:
+    """Columns of a queue table (one row per attempt)."""
+
+    __queue_channel__: ClassVar[str | None] = None
+    if TYPE_CHECKING:
+        __table__: ClassVar[Table]
+
+    id: Mapped[int] = mapped_column(
+        "id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    initial_id: Mapped[int | None] = mapped_column("id_inicial", BigInteger)
+    first_run_at: Mapped[dt.datetime | None] = mapped_column(
+        "data_hora_inicial", UtcDateTime, server_default=utc_now()
+    )
+    run_at: Mapped[dt.datetime | None] = mapped_column(
+        "data_hora", UtcDateTime, server_default=utc_now()
+    )
+    origin: Mapped[str | None] = mapped_column("origem", String(150))
+    destination: Mapped[str | None] = mapped_column("destino", String(150))
+    process: Mapped[str | None] = mapped_column("processo", String(250))
+    external_key: Mapped[str | None] = mapped_column("chave_externa", String(100))
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column("proxima_tentativa", UtcDateTime)
+    attempt: Mapped[int | None] = mapped_column("tentativa", Integer, server_default=text("1"))
+    status: Mapped[str | None] = mapped_column(
+        "status", String(100), server_default=Status.PENDING.value
+    )
+    requeued: Mapped[bool | None] = mapped_column("reenfileirado", Boolean, server_default=false())
+    retries_exhausted: Mapped[bool | None] = mapped_column(
+        "estouro_tentativas", Boolean, server_default=false()
+    )
+    message: Mapped[str | None] = mapped_column("mensagem", String(MESSAGE_MAX_LENGTH))
+    previous_id: Mapped[int | None] = mapped_column("id_anterior", BigInteger)
+    previous_run_at: Mapped[dt.datetime | None] = mapped_column("data_hora_anterior", UtcDateTime)
+    previous_status: Mapped[str | None] = mapped_column("status_anterior", String(100))
+    previous_message: Mapped[str | None] = mapped_column(
+        "mensagem_anterior", String(MESSAGE_MAX_LENGTH)
+    )
+    payload_text: Mapped[str | None] = mapped_column("payload", PayloadText())
+    tenant: Mapped[int | None] = mapped_column("tenant", BigInteger)
+    company_group: Mapped[str | None] = mapped_column("grupo_empresarial", String(40))
+    payload_hash: Mapped[bytes | None] = mapped_column("payload_hash", PayloadHash())
+    pub_sub: Mapped[bool] = mapped_column(
+        "pub_sub", Boolean, nullable=False, server_default=false(), default=False
+    )
+    publication_id: Mapped[int | None] = mapped_column("publication_id", BigInteger)
+    subscriber_id: Mapped[str | None] = mapped_column("subscriber_id", String(100))
+    dead: Mapped[bool] = mapped_column(
+        "dead", Boolean, nullable=False, server_default=false(), default=False
+    )
+    live_id: Mapped[int | None] = mapped_column("live_id", BigInteger)
+    priority: Mapped[int | None] = mapped_column(
+        "prioridade", Integer, server_default=text(str(DEFAULT_PRIORITY))
+    )
+
+    @hybrid_property
+    def payload(self) -> Any:
+        """The task's payload as a Python value (the decoded JSON).
+
+        Assigning keeps the value until flush, when it is serialised once
+        and hashed (see ``sqla_queue.install``)."""
+        pending = self.__dict__.get(_PENDING_PAYLOAD, _PENDING_PAYLOAD)
+        if pending is not _PENDING_PAYLOAD:
+            return pending
+        return decode_payload(self.payload_text)
+
+    @payload.inplace.setter
+    def _payload_setter(self, value: Any) -> None:
+        self.__dict__[_PENDING_PAYLOAD] = value
+        self.payload_text = None  # marks the row dirty so the flush hook sees it
+
+    @payload.inplace.expression
+    @classmethod
+    def _payload_expression(cls) -> ColumnElement[str | None]:
+        return cls.payload_text  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} id={self.id!r} process={self.process!r} "
+            f"status={self.status!r} attempt={self.attempt!r}>"
+        )
+
+
+def take_pending_payload(task: QueueMixin) -> tuple[bool, Any]:
+    """Pop the value assigned to ``task.payload`` since the last flush."""
+    if _PENDING_PAYLOAD in task.__dict__:
+        return True, task.__dict__.pop(_PENDING_PAYLOAD)
+    return False, None
+
+
+def has_pending_payload(task: QueueMixin) -> bool:
+    return _PENDING_PAYLOAD in task.__dict__
+
+
+COLUMN_NAMES: dict[str, str] = {
+    name: column.name  # type: ignore[attr-defined]
+    for name, column in vars(QueueMixin).items()
+    if hasattr(column, "column") and hasattr(column.column, "name")
+}
+"""English attribute -> seed column name."""
+
+
+def channel_of(cls: type[QueueMixin], table: Table) -> str:
+    return validate_identifier(cls.__queue_channel__ or table.name, "channel name")
+
+
+# ddl_if() takes a tuple of names at run time; its annotation says str
+_PARTIAL_INDEX_DIALECTS: Any = ("postgresql", "sqlite")
+_MYSQL_DIALECTS: Any = ("mysql", "mariadb", "singlestoredb")
+
+
+def add_queue_schema(table: Table, channel: str) -> None:
+    """Indexes and, on PostgreSQL, the NOTIFY trigger of one queue table."""
+    if table.info.get("sqla_queue"):
+        return
+    validate_identifier(table.name, "table name")
+    if table.schema is not None:
+        validate_identifier(table.schema, "schema name")
+    table.info["sqla_queue"] = {"channel": channel}
+    c = table.c
+    name = table.name
+    # Ready tasks in claim order. Partial where the dialect can: finished rows
+    # (the seed keeps every attempt) never slow down the claim.
+    Index(
+        f"ix_{name}_pendente",
+        c.prioridade.desc(),
+        c.data_hora,
+        c.id,
+        postgresql_where=c.status == Status.PENDING.value,
+        sqlite_where=c.status == Status.PENDING.value,
+    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    Index(
+        f"ix_{name}_agendada",
+        c.data_hora,
+        postgresql_where=c.status == Status.SCHEDULED.value,
+        sqlite_where=c.status == Status.SCHEDULED.value,
+    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    Index(
+        f"ix_{name}_processando",
+        c.id,
+        postgresql_where=c.status == Status.PROCESSING.value,
+        sqlite_where=c.status == Status.PROCESSING.value,
+    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    Index(f"ix_{name}_status_prioridade", c.status, c.prioridade.desc(), c.data_hora).ddl_if(
+        dialect=_MYSQL_DIALECTS
+    )
+    Index(f"ix_{name}_status_data_hora", c.status, c.data_hora).ddl_if(dialect=_MYSQL_DIALECTS)
+    Index(f"ix_{name}_equivalente", c.chave_externa, c.payload_hash, c.status)
+    Index(f"ix_{name}_data_hora", c.data_hora)
+    _add_notify_trigger(table, channel)
+
+
+def _add_notify_trigger(table: Table, channel: str) -> None:
+    # One NOTIFY per INSERT statement (not per row): a bulk insert wakes the
+    # workers once. Every insert notifies, scheduled ones too, so idle workers
+    # re-arm their timers for the new due time.
+    qualified = f'"{table.schema}".' if table.schema else ""
+    function = f'{qualified}"{table.name}_sqlaq_notify"'
+    create_function = DDL(  # type: ignore[no-untyped-call]
+        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        f"BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+    )
+    create_trigger = DDL(  # type: ignore[no-untyped-call]
+        f'CREATE TRIGGER "{table.name}_sqlaq_notify" AFTER INSERT ON {qualified}"{table.name}" '
+        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+    )
+    drop_function = DDL(f"DROP FUNCTION IF EXISTS {function}()")  # type: ignore[no-untyped-call]
+    event.listen(table, "after_create", create_function.execute_if(dialect="postgresql"))
+    event.listen(table, "after_create", create_trigger.execute_if(dialect="postgresql"))
+    event.listen(table, "after_drop", drop_function.execute_if(dialect="postgresql"))
+
+
+@event.listens_for(QueueMixin, "after_mapper_constructed", propagate=True)
+def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
+    table = mapper.local_table
+    if isinstance(table, Table) and mapper.inherits is None:
+        add_queue_schema(table, channel_of(cls, table))

@@ -1,0 +1,133 @@
+"""Column types and defaults that behave the same on every dialect.
+
+Timestamps are aware UTC ``datetime`` values in Python everywhere. PostgreSQL
+stores ``timestamptz``; MySQL, MariaDB, SingleStore and SQLite store naive
+UTC (``DATETIME(6)`` / ISO text), converted on the way in and out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import TEXT, DateTime, LargeBinary
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+MYSQL_FAMILY = frozenset({"mysql", "mariadb", "singlestoredb"})
+
+
+def dialect_family(dialect: Dialect | str) -> str:
+    """``postgresql``, ``mysql``, ``singlestore`` or ``sqlite``."""
+    name = dialect if isinstance(dialect, str) else dialect.name
+    if name == "singlestoredb":
+        return "singlestore"
+    if name in MYSQL_FAMILY:
+        return "mysql"
+    return name
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes in Python, on every dialect."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in MYSQL_FAMILY:
+            # imported here: a PostgreSQL or SQLite worker never loads the MySQL dialect
+            from sqlalchemy.dialects.mysql import DATETIME
+
+            return DATETIME(fsp=6)
+        return DateTime(timezone=True)
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        if dialect.name == "postgresql":
+            return value
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class PayloadText(TypeDecorator[str]):
+    """TEXT; LONGTEXT on the MySQL family (TEXT stops at 64 KiB there)."""
+
+    impl = TEXT
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in MYSQL_FAMILY:
+            from sqlalchemy.dialects.mysql import LONGTEXT
+
+            return LONGTEXT()
+        return TEXT()
+
+
+class PayloadHash(TypeDecorator[bytes]):
+    """The hex digest's 64 ASCII bytes: bytea/BLOB, VARBINARY(64) on MySQL."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name in MYSQL_FAMILY:
+            from sqlalchemy.dialects.mysql import VARBINARY
+
+            return VARBINARY(64)
+        return LargeBinary()
+
+
+class utc_now(FunctionElement[dt.datetime]):
+    """The database's current time, in the form its queue columns store."""
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+    name = "utc_now"
+
+
+@compiles(utc_now)
+def _utc_now_default(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CURRENT_TIMESTAMP"
+
+
+@compiles(utc_now, "postgresql")
+def _utc_now_pg(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # clock_timestamp(), as the reference DDL: rows inserted late in a long
+    # transaction are not dated at its start
+    return "clock_timestamp()"
+
+
+@compiles(utc_now, "mysql")
+@compiles(utc_now, "mariadb")
+def _utc_now_mysql(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "(UTC_TIMESTAMP(6))"
+
+
+@compiles(utc_now, "singlestoredb")
+def _utc_now_singlestore(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # SingleStore runs in UTC and takes no expression defaults
+    return "CURRENT_TIMESTAMP(6)"
+
+
+@compiles(utc_now, "sqlite")
+def _utc_now_sqlite(element: utc_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # the same text SQLAlchemy writes for a datetime: six fractional digits
+    return "(strftime('%Y-%m-%d %H:%M:%f000', 'now'))"

@@ -1,0 +1,255 @@
+"""The worker loop: lanes (threads), wake-ups, signals, graceful stop.
+
+Concurrency is threads, not asyncio: handlers are ordinary synchronous
+SQLAlchemy code (the ORM Session they receive is the sync one, as in the
+seed and in most applications), and the database drivers release the GIL
+while they wait. Each lane is a thread with its own claim and work
+connections; ``--concurrency N`` runs N lanes. For CPU-bound handlers run
+more processes: workers share nothing but the database, so any number of
+processes on any number of machines consume one queue with no central node.
+
+Idle lanes wait on one event, set by the PostgreSQL LISTEN thread when a
+task is enqueued (NOTIFY is delivered after commit), and otherwise by a
+timeout: the fallback poll (a lost notification delays a task by seconds,
+not forever), the polling interval on databases without NOTIFY, or the time
+the next scheduled task becomes due, whichever comes first.
+
+The first SIGTERM or SIGINT stops gracefully: running handlers finish, their
+batch commits, and claimed tasks not yet started go back to ``pendente``.
+A second signal exits at once; the database then rolls back the open
+transaction and the per-task locks die with the connections, so the rescue
+re-enqueues those tasks. Nothing is lost either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from ..adapters import Adapter, adapter_for
+from ..exceptions import ConfigurationError, UnsupportedOperationError
+from ..manager import TaskManager
+from ..mixins import channel_of
+from ..records import TaskRecord
+from ..settings import Settings, normalize_url
+from ..types import dialect_family, utcnow
+from .base import WorkerBase
+
+logger = logging.getLogger("sqla_queue.worker")
+
+PROMOTE_EVERY_SECONDS = 1.0  # scheduled tasks are checked this often while busy
+RESCUE_EVERY_SECONDS = 60.0
+RECONNECT_DELAY_SECONDS = 2.0
+LISTEN_READY_TIMEOUT_SECONDS = 10.0
+
+
+class BatchLimit:
+    """How many tasks the next claim asks for.
+
+    Grows while batches finish well within ``target_seconds`` and shrinks to
+    what fits in it, so quick tasks go by the hundred per commit and slow ones
+    one at a time (a claimed task never waits long behind its batch-mates)."""
+
+    def __init__(self, maximum: int, target_seconds: float) -> None:
+        if maximum < 1:
+            raise ConfigurationError(f"batch size must be at least 1, not {maximum}")
+        self.maximum = maximum
+        self.target_seconds = target_seconds
+        self.value = 1
+
+    def record(self, count: int, seconds: float) -> None:
+        per_task = seconds / max(count, 1)
+        fits = int(self.target_seconds / per_task) if per_task > 0 else self.maximum
+        grown = self.value * 2 if count >= self.value else self.value
+        self.value = max(1, min(self.maximum, grown, fits))
+
+
+class Runner:
+    def __init__(
+        self,
+        worker: WorkerBase,
+        *,
+        url: str | URL | None = None,
+        engine: Engine | None = None,
+        concurrency: int = 1,
+        burst: bool = False,
+        batch_size: int | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
+        self.worker = worker
+        self.settings = settings or Settings.from_env()
+        self.concurrency = concurrency
+        self.burst = burst
+        self.batch_size = batch_size or worker.batch_size
+        model = type(worker).queue_model()
+        self.engine = engine or self._create_engine(url)
+        table = model.__table__
+        self.adapter: Adapter = adapter_for(self.engine.dialect, table, channel_of(model, table))  # type: ignore[arg-type]
+        self.adapter.prepare_engine(self.engine)
+        self.manager = TaskManager(self.adapter, worker.backoff(self.settings))
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self._errors: list[BaseException] = []
+        self._promote_at = 0.0
+        self._rescue_at = 0.0
+        self._rescue_supported = self.adapter.supports_task_locks
+        self._signals = 0
+
+    def _create_engine(self, url: str | URL | None) -> Engine:
+        url = url or self.settings.url
+        if url is None:
+            raise ConfigurationError(
+                "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
+            )
+        parsed = normalize_url(url)
+        options: dict[str, Any] = {"pool_pre_ping": True}
+        if dialect_family(parsed.get_backend_name()) != "sqlite":
+            options["pool_size"] = 2 * self.concurrency + 1
+        return create_engine(parsed, **options)
+
+    # ----------------------------------------------------------------- run
+    def run(self) -> int:
+        listener = None
+        if self.adapter.supports_notify and not self.burst:
+            listener = self.adapter.listener(self.engine)
+            listener.start(self.wake)
+            ready = getattr(listener, "listening", None)
+            if ready is not None:
+                ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
+        restore = self._install_signal_handlers()
+        lanes = [
+            threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
+            for i in range(self.concurrency)
+        ]
+        logger.info(
+            "worker %s: %d lane(s) on %s (%s)%s",
+            type(self.worker).__name__,
+            self.concurrency,
+            self.adapter.qualified_name,
+            self.engine.url.render_as_string(hide_password=True),
+            ", burst" if self.burst else "",
+        )
+        try:
+            for lane in lanes:
+                lane.start()
+            while any(lane.is_alive() for lane in lanes):
+                for lane in lanes:
+                    lane.join(timeout=0.5)
+        finally:
+            self.stop()
+            if listener is not None:
+                listener.stop()
+            restore()
+        if self._errors:
+            raise self._errors[0]
+        logger.info("worker %s stopped", type(self.worker).__name__)
+        return 0
+
+    def stop(self) -> None:
+        """Finish running tasks, hand back the rest, and return from run()."""
+        self.stopping.set()
+        self.wake.set()
+
+    def _install_signal_handlers(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                logger.warning("second signal: exiting now; the rescue re-enqueues running tasks")
+                os._exit(1)
+            logger.info("signal %s: finishing running tasks, handing back the rest", signum)
+            self.stop()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
+
+    # ---------------------------------------------------------------- lanes
+    def _handle(self, task: TaskRecord, session: Session) -> Any:
+        return self.worker.dispatch(task, session)
+
+    def _lane(self, index: int) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._lane_loop(index)
+                return
+            except DBAPIError as exc:
+                if self.burst:
+                    self._errors.append(exc)
+                    self.stop()
+                    return
+                logger.warning("lane %d lost the database (%s); reconnecting", index, exc)
+                self.stopping.wait(RECONNECT_DELAY_SECONDS)
+            except BaseException as exc:
+                logger.exception("lane %d crashed", index)
+                self._errors.append(exc)
+                self.stop()
+                return
+
+    def _lane_loop(self, index: int) -> None:
+        limit = BatchLimit(self.batch_size, self.worker.batch_seconds)
+        manager = self.manager
+        with (
+            self.adapter.connect_claim(self.engine) as claim_conn,
+            self.engine.connect() as work_conn,
+        ):
+            if index == 0:
+                self._maybe_rescue(claim_conn, work_conn, force=True)
+            while not self.stopping.is_set():
+                self.wake.clear()
+                if index == 0:
+                    self._maybe_rescue(claim_conn, work_conn)
+                if time.monotonic() >= self._promote_at:  # due retries, even when busy
+                    self._promote(claim_conn)
+                tasks = manager.claim(claim_conn, limit=limit.value)
+                if tasks:
+                    result = manager.run_batch(
+                        claim_conn, work_conn, tasks, self._handle, self.stopping.is_set
+                    )
+                    limit.record(result.succeeded + result.failed, result.seconds)
+                elif self.burst:
+                    if self._promote(claim_conn):  # a due scheduled task is ready too
+                        continue
+                    return
+                else:
+                    self.wake.wait(self._idle_timeout(claim_conn))
+
+    def _promote(self, claim_conn: Any) -> int:
+        self._promote_at = time.monotonic() + PROMOTE_EVERY_SECONDS
+        return self.manager.promote_due(claim_conn)
+
+    def _idle_timeout(self, claim_conn: Any) -> float:
+        timeout = (
+            self.settings.listen_fallback_seconds
+            if self.adapter.supports_notify
+            else self.settings.poll_interval_seconds
+        )
+        next_due = self.manager.next_due(claim_conn)
+        if next_due is not None:
+            until_due = (next_due - utcnow()).total_seconds()
+            timeout = min(timeout, max(until_due, 0.0))
+            self._promote_at = min(self._promote_at, time.monotonic() + max(until_due, 0.0))
+        return timeout
+
+    def _maybe_rescue(self, claim_conn: Any, work_conn: Any, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._rescue_supported or (not force and now < self._rescue_at):
+            return
+        self._rescue_at = now + RESCUE_EVERY_SECONDS
+        try:
+            self.manager.rescue(claim_conn, work_conn)
+        except UnsupportedOperationError:
+            self._rescue_supported = False

@@ -1,0 +1,97 @@
+"""A small application used by the tests, in-process and in worker subprocesses.
+
+``build(table)`` makes a fresh declarative Base with a queue model, a business
+table and worker classes. Subprocess workers import this module as
+``tests.app`` and get the table name from ``SQLA_QUEUE_TEST_TABLE``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from sqla_queue import QueueMixin, WorkerBase
+
+
+@dataclass
+class App:
+    Base: type[DeclarativeBase]
+    Task: Any
+    Effect: Any
+    RecordingWorker: type[WorkerBase]
+    FailingWorker: type[WorkerBase]
+    BlockingWorker: type[WorkerBase]
+
+
+def build(table: str) -> App:
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = table
+
+    class Effect(Base):
+        """One row per handler run: what 'exactly once' is checked against."""
+
+        __tablename__ = f"{table}_effect"
+        id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
+                                        primary_key=True)
+        task_id: Mapped[int] = mapped_column(BigInteger)
+        chain_id: Mapped[int] = mapped_column(BigInteger)
+        note: Mapped[str | None] = mapped_column(String(200))
+
+    class RecordingWorker(WorkerBase):
+        """Writes one Effect row per task through the session it is given."""
+
+        model = Task
+        retry_interval_minutes = 0
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            session.add(Effect(task_id=task.id, chain_id=task.chain_id, note=str(payload)[:200]))
+            if isinstance(payload, dict) and payload.get("fail"):
+                raise RuntimeError(f"asked to fail: {payload['fail']}")
+            return None
+
+        def execute_dead(self, payload: Any, task: Any, session: Any) -> str | None:
+            session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="dead"))
+            return "dead handled"
+
+    class FailingWorker(RecordingWorker):
+        """Writes its Effect row, then fails: the row must roll back."""
+
+        max_retry = 3
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="should vanish"))
+            session.flush()
+            raise ValueError("handler failed on purpose")
+
+    class BlockingWorker(RecordingWorker):
+        """Signals that a task started, then waits for a go file (SIGTERM tests)."""
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            directory = pathlib.Path(os.environ["SQLA_QUEUE_TEST_SIGNAL_DIR"])
+            (directory / f"started-{task.id}").touch()
+            deadline = time.monotonic() + 60
+            while not (directory / "go").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no go file within 60 s")
+                time.sleep(0.01)  # the handler's own work, not a test wait
+            session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="blocked"))
+            return None
+
+    return App(Base, Task, Effect, RecordingWorker, FailingWorker, BlockingWorker)
+
+
+_app = build(os.environ.get("SQLA_QUEUE_TEST_TABLE", "fila_teste"))
+Task = _app.Task
+Effect = _app.Effect
+RecordingWorker = _app.RecordingWorker
+FailingWorker = _app.FailingWorker
+BlockingWorker = _app.BlockingWorker

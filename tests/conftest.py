@@ -1,0 +1,164 @@
+"""Database fixtures: real PostgreSQL, MariaDB/MySQL and SQLite.
+
+A server URL comes from SQLA_QUEUE_TEST_POSTGRES_URL / SQLA_QUEUE_TEST_MYSQL_URL,
+else the local server on its default port, else a testcontainers container
+when a Docker engine answers, else the tests skip with the reason. With
+SQLA_QUEUE_REQUIRE_DATABASES=1 (set by .ci/run) a missing server fails the
+run instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
+
+from sqla_queue import install, uninstall
+from sqla_queue.settings import normalize_url
+from tests.app import App, build
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+ENV_VARS = {"postgresql": "SQLA_QUEUE_TEST_POSTGRES_URL", "mysql": "SQLA_QUEUE_TEST_MYSQL_URL"}
+_containers: list[Any] = []
+
+
+def _reachable(url: str) -> str | None:
+    try:
+        engine = create_engine(normalize_url(url))
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:
+        return str(exc).splitlines()[0]
+
+
+def _container_url(kind: str) -> str | None:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+    except Exception:
+        return None
+    if kind == "postgresql":
+        from testcontainers.postgres import PostgresContainer
+
+        container = PostgresContainer("postgres:15", driver="psycopg")
+    else:
+        from testcontainers.mysql import MySqlContainer
+
+        container = MySqlContainer("mariadb:10.11")
+    container.start()
+    _containers.append(container)
+    return container.get_connection_url()
+
+
+_resolved: dict[str, tuple[str | None, str]] = {}
+
+
+def server_url(kind: str) -> str:
+    """The URL of a reachable server of ``kind``, or skip (fail in CI)."""
+    if kind not in _resolved:
+        url = os.environ.get(ENV_VARS[kind]) or LOCAL_URLS[kind]
+        error = _reachable(url)
+        if error is not None:
+            container = _container_url(kind)
+            if container is not None:
+                url, error = container, None
+        _resolved[kind] = (None if error else url, error or "")
+    url, error = _resolved[kind]
+    if url is None:
+        reason = f"no {kind} server: {error} (set {ENV_VARS[kind]})"
+        if os.environ.get("SQLA_QUEUE_REQUIRE_DATABASES"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return url
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    for container in _containers:
+        container.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each test using it runs once per database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'queue.db'}"
+    return str(normalize_url(server_url(request.param)).render_as_string(hide_password=False))
+
+
+@pytest.fixture
+def table_name() -> str:
+    return f"fila_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def app(table_name: str) -> App:
+    return build(table_name)
+
+
+@pytest.fixture
+def engine(db_url: str, app: App) -> Iterator[Engine]:
+    """An engine with the app's tables created (and dropped afterwards)."""
+    engine = create_engine(db_url)
+    app.Base.metadata.create_all(engine)
+    try:
+        yield engine
+    finally:
+        app.Base.metadata.drop_all(engine)
+        engine.dispose()
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    install(Session)
+    try:
+        yield
+    finally:
+        uninstall(Session)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02,
+               message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+        time.sleep(interval)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the real ``sqla-queue`` CLI in a subprocess from the repo root."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "sqla_queue.cli", *args], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sqla-queue {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "sqla_queue.cli", *args], cwd=ROOT,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
