@@ -63,8 +63,11 @@ def _preload(engine: Any, n: int, status: str) -> None:
                 "clock_timestamp() - (g % 5000000) * interval '1 second' "
                 "FROM generate_series(1, :n) AS g"
             ),
-            {"n": n, "status": status,
-             "message": "Concluído com sucesso" if status == "sucesso" else None},
+            {
+                "n": n,
+                "status": status,
+                "message": "Concluído com sucesso" if status == "sucesso" else None,
+            },
         )
 
 
@@ -88,9 +91,19 @@ def _processing_rate(engine: Any, url: str, n: int) -> float:
 def _idle_cost(url: str, seconds: float) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sqla_queue.cli", "worker", "benchmarks.growth:Noop",
-         "--url", url, "--log-level", "WARNING"],
-        cwd=ROOT, env=env,
+        [
+            sys.executable,
+            "-m",
+            "sqla_queue.cli",
+            "worker",
+            "benchmarks.growth:Noop",
+            "--url",
+            url,
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 30
@@ -112,9 +125,11 @@ def _idle_cost(url: str, seconds: float) -> dict[str, float]:
         before, t0 = cpu(), time.monotonic()
         time.sleep(seconds)
         used, elapsed = cpu() - before, time.monotonic() - t0
-        rss_kb = next(int(line.split()[1]) for line in
-                      pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                      if line.startswith("VmRSS:"))
+        rss_kb = next(
+            int(line.split()[1])
+            for line in pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            if line.startswith("VmRSS:")
+        )
         return {"rss_mb": rss_kb / 1024, "cpu_share_of_core": used / elapsed}
     finally:
         proc.terminate()
@@ -156,11 +171,15 @@ def main() -> int:
     (RESULTS / "growth.json").write_text(json.dumps(result, indent=1))
     print("| table | tasks/s median (min-max) |\n|---|---|")
     print(f"| empty | {empty:,.0f} ({min(result['empty']):,.0f}-{max(result['empty']):,.0f}) |")
-    print(f"| {args.finished:,} finished rows | {full:,.0f} "
-          f"({min(result['full']):,.0f}-{max(result['full']):,.0f}) |")
+    print(
+        f"| {args.finished:,} finished rows | {full:,.0f} "
+        f"({min(result['full']):,.0f}-{max(result['full']):,.0f}) |"
+    )
     print(f"ratio full/empty: {result['ratio']:.2f}")
-    print(f"idle worker: {result['idle']['rss_mb']:.1f} MB RSS, "
-          f"{100 * result['idle']['cpu_share_of_core']:.2f}% of a core")
+    print(
+        f"idle worker: {result['idle']['rss_mb']:.1f} MB RSS, "
+        f"{100 * result['idle']['cpu_share_of_core']:.2f}% of a core"
+    )
     return 0
 
 

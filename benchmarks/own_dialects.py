@@ -54,7 +54,8 @@ DEFAULT_URLS = {
 os.environ["BENCH_SQLA_QUEUE_TABLE"] = TABLE
 os.environ.setdefault("BENCH_LOG_DIR", "/tmp/bench-logs/own_dialects")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(PEERS_DIR), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])
+    [str(PEERS_DIR), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+)
 sys.path[:0] = [str(HARNESS), str(PEERS_DIR)]
 
 import benchlib  # noqa: E402
@@ -103,30 +104,42 @@ def machine_noise(probe: benchlib.NoiseProbe, own_server: str | None) -> dict[st
     only knows PostgreSQL's processes, but mariadbd is part of the workload."""
     machine = probe.finish()
     if own_server:
-        own = sum(float(t.split(":")[1]) for t in machine["foreign_top"]
-                  if t.split(":")[0] == own_server)
+        own = sum(
+            float(t.split(":")[1]) for t in machine["foreign_top"] if t.split(":")[0] == own_server
+        )
         machine["server_cores"] = own
         machine["foreign_cores_incl_server"] = machine["foreign_cores"]
         machine["foreign_cores"] = max(0.0, machine["foreign_cores"] - own)
-        machine["foreign_top"] = [t for t in machine["foreign_top"]
-                                  if t.split(":")[0] != own_server]
+        machine["foreign_top"] = [
+            t for t in machine["foreign_top"] if t.split(":")[0] != own_server
+        ]
     return machine
 
 
-def attempt(label: str, fn: Callable[[], dict[str, Any]], sink: list[dict[str, Any]],
-            errors: list[dict[str, str]], own_server: str | None) -> None:
+def attempt(
+    label: str,
+    fn: Callable[[], dict[str, Any]],
+    sink: list[dict[str, Any]],
+    errors: list[dict[str, str]],
+    own_server: str | None,
+) -> None:
     started = time.perf_counter()
     try:
         probe = benchlib.NoiseProbe()
         result = fn()
         result["machine"] = machine_noise(probe, own_server)
         sink.append(result)
-        driver.log(f"{label}: " + ", ".join(
-            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in result.items() if k != "machine")
+        driver.log(
+            f"{label}: "
+            + ", ".join(
+                f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in result.items()
+                if k != "machine"
+            )
             + f"  foreign_cores={result['machine']['foreign_cores']:.2f}"
             + f" {result['machine']['foreign_top']}"
-            + f"  ({time.perf_counter() - started:.1f}s)")
+            + f"  ({time.perf_counter() - started:.1f}s)"
+        )
     except Exception as exc:  # record it and go on, as the harness does
         errors.append({"what": label, "error": repr(exc), "trace": traceback.format_exc()[-2000:]})
         driver.log(f"{label}: FAILED {exc!r}")
@@ -148,8 +161,13 @@ def latency(n: int, rate: float, poll_interval: float) -> dict[str, Any]:
 def run_dialect(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     only = set(args.only.split(","))
     res: dict[str, Any] = {
-        "url": url, "server": fresh(name, url), "a_orm": [], "a_client": [], "b": [],
-        "c": {s["label"]: [] for s in PROCESSING_SETTINGS}, "d": {LATENCY_SETTING["label"]: []},
+        "url": url,
+        "server": fresh(name, url),
+        "a_orm": [],
+        "a_client": [],
+        "b": [],
+        "c": {s["label"]: [] for s in PROCESSING_SETTINGS},
+        "d": {LATENCY_SETTING["label"]: []},
         "errors": [],
     }
     driver.log(f"{name}: {res['server']} at {url}, table {TABLE}")
@@ -161,23 +179,35 @@ def run_dialect(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]
     try:
         for rep in range(1, args.reps + 1):
             if "a" in only:
-                run(f"rep{rep} a ORM enqueue",
-                    lambda: driver.measure_txn_enqueue(orm, args.n_txn), res["a_orm"])
-                run(f"rep{rep} a' QueueClient.insert_task",
-                    lambda: driver.measure_txn_enqueue(client, args.n_txn), res["a_client"])
+                run(
+                    f"rep{rep} a ORM enqueue",
+                    lambda: driver.measure_txn_enqueue(orm, args.n_txn),
+                    res["a_orm"],
+                )
+                run(
+                    f"rep{rep} a' QueueClient.insert_task",
+                    lambda: driver.measure_txn_enqueue(client, args.n_txn),
+                    res["a_client"],
+                )
             if "b" in only:
-                run(f"rep{rep} b insert_tasks",
-                    lambda: driver.measure_bulk_enqueue(orm, args.n_bulk), res["b"])
+                run(
+                    f"rep{rep} b insert_tasks",
+                    lambda: driver.measure_bulk_enqueue(orm, args.n_bulk),
+                    res["b"],
+                )
             if "c" in only:
                 for s in PROCESSING_SETTINGS:
-                    run(f"rep{rep} c processing [{s['label']}]",
+                    run(
+                        f"rep{rep} c processing [{s['label']}]",
                         lambda s=s: driver.measure_processing(orm, args.n_proc, s, args.proc_cap),
-                        res["c"][s["label"]])
+                        res["c"][s["label"]],
+                    )
             if "d" in only:
-                run(f"rep{rep} d latency [{LATENCY_SETTING['label']}, "
-                    f"poll {args.poll_interval} s]",
+                run(
+                    f"rep{rep} d latency [{LATENCY_SETTING['label']}, poll {args.poll_interval} s]",
                     lambda: latency(args.lat_n, args.lat_rate, args.poll_interval),
-                    res["d"][LATENCY_SETTING["label"]])
+                    res["d"][LATENCY_SETTING["label"]],
+                )
     finally:
         orm.teardown()
         if not args.keep_db:
@@ -186,6 +216,7 @@ def run_dialect(name: str, url: str, args: argparse.Namespace) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------- report
+
 
 def fmt(x: float | None, nd: int = 0) -> str:
     return "–" if x is None else f"{x:,.{nd}f}"
@@ -204,30 +235,41 @@ def noise(runs: list[dict[str, Any]]) -> str:
 
 
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + [
+        "| " + " | ".join(str(c) for c in row) + " |" for row in rows
+    ]
 
 
 def render(out: dict[str, Any]) -> str:
     p = out["params"]
-    md = ["# sqla-queue on MariaDB and SQLite", "",
-          "Generated by `benchmarks/own_dialects.py` "
-          f"({out['started']} → {out.get('finished', '?')}, sqla-queue {out['version']}, "
-          f"Python {out['python']}). The peer benchmark's "
-          "measurements (the harness's driver.py timing code, through "
-          "`benchmarks/peers/sqla_queue_adapter.py`) on the databases the PostgreSQL-only "
-          f"harness does not cover. Every cell: median / min / max of {p['reps']} "
-          "repetitions. 'foreign cores': CPU used by other workloads on the machine during "
-          "the measurement (benchlib.NoiseProbe; on the MariaDB rows without mariadbd, "
-          "which serves the benchmark itself), in cores, median (max).", "",
-          "Databases: " + "; ".join(f"{name}: {d['server']} (`{d['url']}`)"
-                                    for name, d in out["dialects"].items()) + ".", ""]
-    md += ["## Enqueue and processing (jobs/s, higher is better)", "",
-           f"(a), (a'): {p['n_txn']:,} tasks from one client, one transaction each. "
-           f"(b): {p['n_bulk']:,} tasks. (c): {p['n_proc']:,} pre-loaded no-op tasks, timed "
-           "from starting the worker processes until all are `sucesso` (startup included; "
-           f"capped at {p['proc_cap_s']:.0f} s, then completed/elapsed and 'done' shows how "
-           "many). Workers poll when idle (default 1 s interval).", ""]
+    md = [
+        "# sqla-queue on MariaDB and SQLite",
+        "",
+        "Generated by `benchmarks/own_dialects.py` "
+        f"({out['started']} → {out.get('finished', '?')}, sqla-queue {out['version']}, "
+        f"Python {out['python']}). The peer benchmark's "
+        "measurements (the harness's driver.py timing code, through "
+        "`benchmarks/peers/sqla_queue_adapter.py`) on the databases the PostgreSQL-only "
+        f"harness does not cover. Every cell: median / min / max of {p['reps']} "
+        "repetitions. 'foreign cores': CPU used by other workloads on the machine during "
+        "the measurement (benchlib.NoiseProbe; on the MariaDB rows without mariadbd, "
+        "which serves the benchmark itself), in cores, median (max).",
+        "",
+        "Databases: "
+        + "; ".join(f"{name}: {d['server']} (`{d['url']}`)" for name, d in out["dialects"].items())
+        + ".",
+        "",
+    ]
+    md += [
+        "## Enqueue and processing (jobs/s, higher is better)",
+        "",
+        f"(a), (a'): {p['n_txn']:,} tasks from one client, one transaction each. "
+        f"(b): {p['n_bulk']:,} tasks. (c): {p['n_proc']:,} pre-loaded no-op tasks, timed "
+        "from starting the worker processes until all are `sucesso` (startup included; "
+        f"capped at {p['proc_cap_s']:.0f} s, then completed/elapsed and 'done' shows how "
+        "many). Workers poll when idle (default 1 s interval).",
+        "",
+    ]
     rows: list[list[Any]] = []
     for name, d in out["dialects"].items():
         for key, what, field in THROUGHPUT_ROWS:
@@ -236,34 +278,69 @@ def render(out: dict[str, Any]) -> str:
         for label, runs in d["c"].items():
             done = [r["done"] for r in runs]
             n = p["n_proc"]
-            done_s = (f"{n:,}/{n:,}" if done and all(x >= n for x in done)
-                      else " / ".join(f"{x:,}" for x in done) or "failed")
-            rows.append([name, "c", f"processing, {label}", *mmm([r["rate"] for r in runs]),
-                         done_s, noise(runs)])
-    md += [*table(["database", "", "measurement", "median", "min", "max", "done",
-                   "foreign cores"], rows), ""]
+            done_s = (
+                f"{n:,}/{n:,}"
+                if done and all(x >= n for x in done)
+                else " / ".join(f"{x:,}" for x in done) or "failed"
+            )
+            rows.append(
+                [
+                    name,
+                    "c",
+                    f"processing, {label}",
+                    *mmm([r["rate"] for r in runs]),
+                    done_s,
+                    noise(runs),
+                ]
+            )
+    md += [
+        *table(
+            ["database", "", "measurement", "median", "min", "max", "done", "foreign cores"], rows
+        ),
+        "",
+    ]
 
-    md += [f"## (d) Latency — {p['lat_n']} tasks at {p['lat_rate']:.0f}/s to an idle worker", "",
-           "ms from the enqueueing COMMIT returning to the task body starting; median of the "
-           "per-run percentile (min–max over runs). The worker polls every "
-           f"**{p['poll_interval_s']} s** (`SQLA_QUEUE_POLL_INTERVAL={p['poll_interval_s']}`; "
-           "the default is 1 s): MariaDB and SQLite have no LISTEN/NOTIFY.", ""]
+    md += [
+        f"## (d) Latency — {p['lat_n']} tasks at {p['lat_rate']:.0f}/s to an idle worker",
+        "",
+        "ms from the enqueueing COMMIT returning to the task body starting; median of the "
+        "per-run percentile (min–max over runs). The worker polls every "
+        f"**{p['poll_interval_s']} s** (`SQLA_QUEUE_POLL_INTERVAL={p['poll_interval_s']}`; "
+        "the default is 1 s): MariaDB and SQLite have no LISTEN/NOTIFY.",
+        "",
+    ]
     rows = []
     for name, d in out["dialects"].items():
         for label, runs in d["d"].items():
+
             def cell(k: str, runs: list[dict[str, Any]] = runs) -> str:
                 m, lo, hi = mmm([r[k] for r in runs], 1)
                 return f"{m} ({lo}–{hi})"
+
             received = " / ".join(str(r["received"]) for r in runs) or "failed"
-            rows.append([name, label, cell("p50"), cell("p95"), cell("p99"),
-                         f"{received} of {p['lat_n']}", noise(runs)])
-    md += [*table(["database", "setting", "p50 ms", "p95 ms", "p99 ms", "received",
-                   "foreign cores"], rows), ""]
+            rows.append(
+                [
+                    name,
+                    label,
+                    cell("p50"),
+                    cell("p95"),
+                    cell("p99"),
+                    f"{received} of {p['lat_n']}",
+                    noise(runs),
+                ]
+            )
+    md += [
+        *table(
+            ["database", "setting", "p50 ms", "p95 ms", "p99 ms", "received", "foreign cores"], rows
+        ),
+        "",
+    ]
 
     errors = [(name, e) for name, d in out["dialects"].items() for e in d["errors"]]
     md += ["## Failed measurements", ""]
-    md += ([f"- {name}: {e['what']}: `{e['error']}`" for name, e in errors]
-           or ["None: every measurement completed."])
+    md += [f"- {name}: {e['what']}: `{e['error']}`" for name, e in errors] or [
+        "None: every measurement completed."
+    ]
     return "\n".join(md) + "\n"
 
 
@@ -282,20 +359,35 @@ def main() -> int:
     ap.add_argument("--proc-cap", type=float, default=30)
     ap.add_argument("--lat-n", type=int, default=500)
     ap.add_argument("--lat-rate", type=float, default=50.0)
-    ap.add_argument("--poll-interval", type=float, default=0.05,
-                    help="SQLA_QUEUE_POLL_INTERVAL for the latency worker (seconds)")
+    ap.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.05,
+        help="SQLA_QUEUE_POLL_INTERVAL for the latency worker (seconds)",
+    )
     ap.add_argument("--keep-db", action="store_true", help="keep the table / SQLite file")
     args = ap.parse_args()
 
     urls = {"mariadb": args.mysql_url, "sqlite": args.sqlite_url}
     out: dict[str, Any] = {
-        "version": orm.version(), "python": sys.version.split()[0],
-        "params": {"reps": args.reps, "n_txn": args.n_txn, "n_bulk": args.n_bulk,
-                   "n_proc": args.n_proc, "proc_cap_s": args.proc_cap, "lat_n": args.lat_n,
-                   "lat_rate": args.lat_rate, "poll_interval_s": args.poll_interval,
-                   "bulk_chunk": orm.BULK_CHUNK, "processing_settings": PROCESSING_SETTINGS,
-                   "latency_setting": LATENCY_SETTING, "table": TABLE},
-        "dialects": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "version": orm.version(),
+        "python": sys.version.split()[0],
+        "params": {
+            "reps": args.reps,
+            "n_txn": args.n_txn,
+            "n_bulk": args.n_bulk,
+            "n_proc": args.n_proc,
+            "proc_cap_s": args.proc_cap,
+            "lat_n": args.lat_n,
+            "lat_rate": args.lat_rate,
+            "poll_interval_s": args.poll_interval,
+            "bulk_chunk": orm.BULK_CHUNK,
+            "processing_settings": PROCESSING_SETTINGS,
+            "latency_setting": LATENCY_SETTING,
+            "table": TABLE,
+        },
+        "dialects": {},
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     for name in args.dialects.split(","):
         out["dialects"][name] = run_dialect(name, urls[name], args)

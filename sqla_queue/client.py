@@ -142,7 +142,7 @@ class QueueClient:
         if not isinstance(bd_conn, (Session, Connection)):
             raise ConfigurationError(
                 "QueueClient needs a SQLAlchemy Session or Connection, "
-                f"not {type(bd_conn).__name__}"
+                f"not {type(bd_conn).__module__}.{type(bd_conn).__qualname__}"
             )
         self.bd_conn = bd_conn
         self.table = resolve_table(queue_table)

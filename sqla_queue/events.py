@@ -28,6 +28,9 @@ SessionTarget = type[Session] | sessionmaker[Any] | Session
 _installed: list[SessionTarget] = []
 
 
+_PREPARED = "_sqla_queue_prepared"
+
+
 def install(target: SessionTarget = Session) -> None:
     """Complete queue rows on flush for sessions of ``target`` (idempotent)."""
     if not event.contains(target, "before_flush", _before_flush):
@@ -59,6 +62,7 @@ def prepare_task(task: QueueMixin) -> None:
         task.status = Status.SCHEDULED.value if scheduled else Status.PENDING.value
     if task.first_run_at is None and task.run_at is not None:
         task.first_run_at = task.run_at
+    task.__dict__[_PREPARED] = True
 
 
 def _before_flush(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
@@ -70,5 +74,7 @@ def _before_flush(session: Session, flush_context: UOWTransaction, instances: An
 @event.listens_for(QueueMixin, "before_insert", propagate=True)
 @event.listens_for(QueueMixin, "before_update", propagate=True)
 def _refuse_unprepared(mapper: Mapper[Any], connection: Connection, target: QueueMixin) -> None:
-    if has_pending_payload(target):
+    # without the hook a task would be stored unhashed, with a wrong status
+    # (a future run_at stored 'pendente') and without its first run time
+    if has_pending_payload(target) or not target.__dict__.get(_PREPARED):
         raise NotInstalledError()

@@ -37,3 +37,7 @@ class UnsupportedOperationError(SqlaQueueError):
 
 class WorkerImportError(ConfigurationError):
     """The worker class could not be imported; give it as ``module:Class``."""
+
+
+class WorkerDatabaseError(SqlaQueueError):
+    """A ``--burst`` worker stopped on a database error (unreachable, refused)."""

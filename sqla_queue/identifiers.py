@@ -13,12 +13,12 @@ import zlib
 from .exceptions import InvalidIdentifierError
 
 IDENTIFIER_MAX_LENGTH = 63  # PostgreSQL's NAMEDATALEN - 1; MySQL allows 64
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def validate_identifier(name: object, what: str = "identifier") -> str:
     """Return ``name`` if it is a plain SQL identifier, else raise."""
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise InvalidIdentifierError(
             f"invalid {what} {name!r}: use letters, digits and underscores, "
             "not starting with a digit"
@@ -28,6 +28,21 @@ def validate_identifier(name: object, what: str = "identifier") -> str:
             f"invalid {what} {name!r}: longer than {IDENTIFIER_MAX_LENGTH} characters"
         )
     return name
+
+
+def derived_identifier(base: str, suffix: str, prefix: str = "") -> str:
+    """``prefix + base + "_" + suffix``, shortened to fit every dialect.
+
+    Index, trigger and function names are built from the table name; a table
+    name near the limit would push them past it (PostgreSQL would silently
+    truncate some and refuse others, MySQL refuses). A long base is cut and
+    a hash of the whole base keeps the name unique."""
+    name = f"{prefix}{base}_{suffix}"
+    if len(name) <= IDENTIFIER_MAX_LENGTH:
+        return name
+    digest = f"{zlib.crc32(base.encode()):08x}"
+    room = IDENTIFIER_MAX_LENGTH - len(prefix) - len(suffix) - len(digest) - 2
+    return f"{prefix}{base[:room]}_{digest}_{suffix}"
 
 
 def split_table_name(qualified: str) -> tuple[str | None, str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from .adapters import Adapter
@@ -47,7 +48,12 @@ Handler = Callable[[TaskRecord, Session], Any]
 
 
 def describe_error(exc: BaseException) -> str:
-    text = str(exc)
+    """``Type: text`` of an error, for ``mensagem``. A database error is
+    described by the driver's error alone: SQLAlchemy's text adds the SQL and
+    its parameters, which may hold anything."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -90,31 +96,102 @@ class TaskManager:
 
         When ``should_stop()`` turns true, the tasks not yet started go back
         to ``pendente`` in the same commit."""
-        result = BatchResult()
         started = time.perf_counter()
+        ids = [task.id for task in tasks]
         try:
-            with work_conn.begin():
-                done: list[tuple[int, str | None]] = []
-                for index, task in enumerate(tasks):
-                    if index and should_stop():
-                        result.handed_back = [t.id for t in tasks[index:]]
-                        break
-                    message = self._run_one(work_conn, task, handler)
-                    if message is _FAILED:
-                        result.failed += 1
-                    else:
-                        done.append((task.id, message))
-                self.adapter.task_complete_many(work_conn, results=done)
-                self.adapter.task_hand_back_many(work_conn, ids=result.handed_back)
-                result.succeeded = len(done)
+            try:
+                result = self._run_together(work_conn, tasks, handler, should_stop)
+            except DBAPIError as exc:
+                if self._retryable(exc):
+                    raise
+                # the batch failed as a whole, after its handlers returned (a
+                # deferred constraint at COMMIT, say): find the task at fault
+                result = self._run_alone(work_conn, tasks, handler, should_stop, exc)
+        except BaseException:
+            # nothing of the batch committed (a deadlock, a lost connection),
+            # and the fault is not its tasks': they are ready to run again
+            self._hand_back_after_rollback(claim_conn, ids)
+            raise
         finally:
-            # after the commit (or the rollback): a rollback leaves the rows
-            # 'processando' with free locks, which the rescue re-enqueues
-            self._release(claim_conn, [task.id for task in tasks])
+            # after the commit (or the rollback), never before: another worker
+            # must not claim a task whose outcome is not yet committed
+            self._release(claim_conn, ids)
         if result.handed_back and self.adapter.supports_notify:
             with claim_conn.begin():
                 self.adapter.notify(claim_conn)
         result.seconds = time.perf_counter() - started
+        return result
+
+    def _retryable(self, exc: DBAPIError) -> bool:
+        """A failure that is nobody's task's fault: the connection is gone,
+        or the database asks for the transaction to be tried again."""
+        return bool(exc.connection_invalidated) or self.adapter.is_transient(exc)
+
+    def _run_together(
+        self,
+        work_conn: Connection,
+        tasks: Sequence[TaskRecord],
+        handler: Handler,
+        should_stop: Callable[[], bool],
+    ) -> BatchResult:
+        result = BatchResult()
+        with work_conn.begin():
+            done: list[tuple[int, str | None]] = []
+            for index, task in enumerate(tasks):
+                if index and should_stop():
+                    result.handed_back = [t.id for t in tasks[index:]]
+                    break
+                message = self._run_one(work_conn, task, handler)
+                if message is _FAILED:
+                    result.failed += 1
+                else:
+                    done.append((task.id, message))
+            self.adapter.task_complete_many(work_conn, results=done)
+            self.adapter.task_hand_back_many(work_conn, ids=result.handed_back)
+            result.succeeded = len(done)
+        return result
+
+    def _run_alone(
+        self,
+        work_conn: Connection,
+        tasks: Sequence[TaskRecord],
+        handler: Handler,
+        should_stop: Callable[[], bool],
+        error: DBAPIError,
+    ) -> BatchResult:
+        """Run each task of a batch that failed as a whole in a transaction
+        of its own; the one whose commit fails again gets the failure (a
+        retry or its dead-letter run), as a handler's exception would.
+        A single task is not run again: its failure is known already."""
+        result = BatchResult()
+        for index, task in enumerate(tasks):
+            if index and should_stop():
+                result.handed_back = [t.id for t in tasks[index:]]
+                with work_conn.begin():
+                    self.adapter.task_hand_back_many(work_conn, ids=result.handed_back)
+                break
+            if len(tasks) > 1:
+                try:
+                    one = self._run_together(work_conn, [task], handler, lambda: False)
+                except DBAPIError as exc:
+                    if self._retryable(exc):
+                        raise
+                    error = exc
+                else:
+                    result.succeeded += one.succeeded
+                    result.failed += one.failed
+                    continue
+            message = describe_error(error)
+            with work_conn.begin():
+                self.record_failure(work_conn, task, message)
+            result.failed += 1
+            logger.warning(
+                "task %s (%s) attempt %s failed at commit: %s",
+                task.id,
+                task.process,
+                task.attempt,
+                fit_message(message, MESSAGE_MAX_LENGTH),
+            )
         return result
 
     def _run_one(self, conn: Connection, task: TaskRecord, handler: Handler) -> Any:
@@ -150,6 +227,13 @@ class TaskManager:
                 (time.perf_counter() - started) * 1000,
             )
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
+
+    def _hand_back_after_rollback(self, claim_conn: Connection, ids: list[int]) -> None:
+        try:
+            with claim_conn.begin():
+                self.adapter.task_hand_back_many(claim_conn, ids=ids)
+        except Exception as exc:  # the rescue re-enqueues them once the locks are free
+            logger.warning("could not hand back tasks %s after a rollback: %s", ids, exc)
 
     def _release(self, claim_conn: Connection, ids: list[int]) -> None:
         if not ids or not self.adapter.supports_task_locks:

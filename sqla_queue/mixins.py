@@ -35,7 +35,7 @@ from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
-from .identifiers import validate_identifier
+from .identifiers import derived_identifier, validate_identifier
 from .payload import decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
@@ -164,6 +164,7 @@ COLUMN_NAMES: dict[str, str] = {
 
 
 def channel_of(cls: type[QueueMixin], table: Table) -> str:
+    validate_identifier(table.name, "table name")  # the default channel: report it as a table
     return validate_identifier(cls.__queue_channel__ or table.name, "channel name")
 
 
@@ -185,7 +186,7 @@ def add_queue_schema(table: Table, channel: str) -> None:
     # Ready tasks in claim order. Partial where the dialect can: finished rows
     # (the seed keeps every attempt) never slow down the claim.
     Index(
-        f"ix_{name}_pendente",
+        derived_identifier(name, "pendente", "ix_"),
         c.prioridade.desc(),
         c.data_hora,
         c.id,
@@ -193,23 +194,28 @@ def add_queue_schema(table: Table, channel: str) -> None:
         sqlite_where=c.status == Status.PENDING.value,
     ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
     Index(
-        f"ix_{name}_agendada",
+        derived_identifier(name, "agendada", "ix_"),
         c.data_hora,
         postgresql_where=c.status == Status.SCHEDULED.value,
         sqlite_where=c.status == Status.SCHEDULED.value,
     ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
     Index(
-        f"ix_{name}_processando",
+        derived_identifier(name, "processando", "ix_"),
         c.id,
         postgresql_where=c.status == Status.PROCESSING.value,
         sqlite_where=c.status == Status.PROCESSING.value,
     ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
-    Index(f"ix_{name}_status_prioridade", c.status, c.prioridade.desc(), c.data_hora).ddl_if(
+    Index(
+        derived_identifier(name, "status_prioridade", "ix_"),
+        c.status,
+        c.prioridade.desc(),
+        c.data_hora,
+    ).ddl_if(dialect=_MYSQL_DIALECTS)
+    Index(derived_identifier(name, "status_data_hora", "ix_"), c.status, c.data_hora).ddl_if(
         dialect=_MYSQL_DIALECTS
     )
-    Index(f"ix_{name}_status_data_hora", c.status, c.data_hora).ddl_if(dialect=_MYSQL_DIALECTS)
-    Index(f"ix_{name}_equivalente", c.chave_externa, c.payload_hash, c.status)
-    Index(f"ix_{name}_data_hora", c.data_hora)
+    Index(derived_identifier(name, "equivalente", "ix_"), c.chave_externa, c.payload_hash, c.status)
+    Index(derived_identifier(name, "data_hora", "ix_"), c.data_hora)
     _add_notify_trigger(table, channel)
 
 
@@ -218,13 +224,14 @@ def _add_notify_trigger(table: Table, channel: str) -> None:
     # workers once. Every insert notifies, scheduled ones too, so idle workers
     # re-arm their timers for the new due time.
     qualified = f'"{table.schema}".' if table.schema else ""
-    function = f'{qualified}"{table.name}_sqlaq_notify"'
+    trigger = derived_identifier(table.name, "sqlaq_notify")
+    function = f'{qualified}"{trigger}"'
     create_function = DDL(  # type: ignore[no-untyped-call]
         f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
         f"BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
     )
     create_trigger = DDL(  # type: ignore[no-untyped-call]
-        f'CREATE TRIGGER "{table.name}_sqlaq_notify" AFTER INSERT ON {qualified}"{table.name}" '
+        f'CREATE TRIGGER "{trigger}" AFTER INSERT ON {qualified}"{table.name}" '
         f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
     )
     drop_function = DDL(f"DROP FUNCTION IF EXISTS {function}()")  # type: ignore[no-untyped-call]

@@ -38,7 +38,7 @@ def serialize_payload(value: Any) -> str | None:
         return value
     try:
         return _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"the task payload cannot be serialised to JSON: {exc}") from exc
 
 

@@ -11,7 +11,7 @@ import re
 
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")
 _KEY_VALUE = re.compile(
-    r"(?i)\b((?:db_|database_)?(?:password|passwd|pwd|pass|secret|token|access_token"
+    r"(?i)\b(\w*?(?:password|passwd|pwd|pass|secret|token|access_token"
     r"|refresh_token|api[_-]?key|client_secret)\b['\"]?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&)}\]]+)"
 )
 _AUTH_HEADER = re.compile(

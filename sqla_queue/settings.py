@@ -49,11 +49,17 @@ def normalize_url(url: str | URL) -> URL:
 
 
 def _first(env: Mapping[str, str], *names: str) -> str | None:
+    return _first_named(env, *names)[1]
+
+
+def _first_named(env: Mapping[str, str], *names: str) -> tuple[str, str | None]:
+    """The first of ``names`` set to a non-empty value, and that value (so an
+    error can name the variable the user actually set)."""
     for name in names:
         value = env.get(name)
         if value not in (None, ""):
-            return value
-    return None
+            return name, value
+    return names[0], None
 
 
 def database_url(env: Mapping[str, str] | None = None) -> URL | None:
@@ -64,21 +70,22 @@ def database_url(env: Mapping[str, str] | None = None) -> URL | None:
         return normalize_url(env["SQLA_QUEUE_URL"])
     host = _first(env, "DB_HOST", "DATABASE_HOST")
     name = _first(env, "DB_BASE", "DATABASE_NAME")
-    driver_name = (_first(env, "DB_DRIVER", "DATABASE_DRIVER") or "POSTGRES").upper()
+    driver_variable, driver_value = _first_named(env, "DB_DRIVER", "DATABASE_DRIVER")
+    driver_name = (driver_value or "POSTGRES").upper()
     if driver_name not in _DRIVERS:
         raise ConfigurationError(
-            f"DB_DRIVER={driver_name!r} is not one of {', '.join(sorted(_DRIVERS))}"
+            f"{driver_variable}={driver_value!r} is not one of {', '.join(sorted(_DRIVERS))}"
         )
     driver = _DRIVERS[driver_name]
     if driver == "sqlite":
         return URL.create("sqlite", database=name) if name else None
     if host is None or name is None:
         return None
-    port = _first(env, "DB_PORT", "DATABASE_PORT")
+    port_variable, port = _first_named(env, "DB_PORT", "DATABASE_PORT")
     try:
         port_number = int(port) if port is not None else None
     except ValueError:
-        raise ConfigurationError(f"DB_PORT must be a number, not {port!r}") from None
+        raise ConfigurationError(f"{port_variable} must be a number, not {port!r}") from None
     return URL.create(
         driver,
         username=_first(env, "DB_USER", "DATABASE_USER"),

@@ -40,8 +40,9 @@ def build(table: str) -> App:
         """One row per handler run: what 'exactly once' is checked against."""
 
         __tablename__ = f"{table}_effect"
-        id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"),
-                                        primary_key=True)
+        id: Mapped[int] = mapped_column(
+            BigInteger().with_variant(Integer, "sqlite"), primary_key=True
+        )
         task_id: Mapped[int] = mapped_column(BigInteger)
         chain_id: Mapped[int] = mapped_column(BigInteger)
         note: Mapped[str | None] = mapped_column(String(200))

@@ -132,8 +132,12 @@ def installed() -> Iterator[None]:
         uninstall(Session)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02,
-               message: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> Any:
     """Poll ``predicate`` until it returns something truthy, with a deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -145,20 +149,33 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, interval: fl
         time.sleep(interval)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run the real ``sqla-queue`` CLI in a subprocess from the repo root."""
     full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "sqla_queue.cli", *args], cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqla_queue.cli", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"sqla-queue {' '.join(args)} exited {proc.returncode}:\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"sqla-queue {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
 def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "sqla_queue.cli", *args], cwd=ROOT,
-                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sqla_queue.cli", *args],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

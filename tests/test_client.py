@@ -508,12 +508,6 @@ def test_raw_psycopg_connection_is_refused(app: App) -> None:
         engine.dispose()
 
 
-@pytest.mark.xfail(
-    reason="the message gives the bare class name, so a DB-API connection reads "
-    "'needs a SQLAlchemy Session or Connection, not Connection' "
-    "(sqla_queue/client.py:116-118)",
-    strict=True,
-)
 def test_refused_connection_message_names_its_module() -> None:
     plain = sqlite3.connect(":memory:")
     try:

@@ -382,12 +382,6 @@ def test_flush_without_install_raises_not_installed_error(
     assert _count(engine, app.Task) == 0
 
 
-@pytest.mark.xfail(
-    reason="_refuse_unprepared only refuses rows with a pending payload: an uninstalled "
-    "Session inserts a task without payload, a future run_at is stored 'pendente' "
-    "and data_hora_inicial gets the insert time (sqla_queue/events.py:70-74)",
-    strict=True,
-)
 @sqlite_only
 def test_flush_without_install_raises_for_a_task_without_payload(
     engine: Engine, app: App, not_installed: None

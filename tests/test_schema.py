@@ -401,22 +401,11 @@ def test_seventy_character_name_error_gives_the_limit() -> None:
         _model("a" * 70)
 
 
-@pytest.mark.xfail(
-    reason="the table name is checked as the default channel name first, so a bad "
-    "__tablename__ is reported as an 'invalid channel name' "
-    "(sqla_queue/mixins.py:163, 220)",
-    strict=True,
-)
 def test_invalid_table_name_is_reported_as_a_table_name() -> None:
     with pytest.raises(InvalidIdentifierError, match=r"^invalid table name 'bad-name'"):
         _model("bad-name")
 
 
-@pytest.mark.xfail(
-    reason="_IDENTIFIER ends in '$', which also matches before a trailing newline; "
-    "use re.fullmatch or '\\Z' (sqla_queue/identifiers.py:16, 21)",
-    strict=True,
-)
 @pytest.mark.parametrize("where", ["table", "channel", "client"])
 def test_name_with_a_trailing_newline_is_refused(where: str, table_name: str) -> None:
     with pytest.raises(InvalidIdentifierError):
@@ -461,24 +450,8 @@ def test_queue_client_refuses_an_invalid_subscriber_table_name() -> None:
     "db_url",
     [
         "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.xfail(
-                reason="index names are ix_<table>_<suffix>: past 48 characters they exceed "
-                "PostgreSQL's 63 and create_all raises IdentifierError, although the "
-                "validator accepts 63 (sqla_queue/mixins.py:178-192)",
-                strict=True,
-            ),
-        ),
-        pytest.param(
-            "mysql",
-            marks=pytest.mark.xfail(
-                reason="index names are ix_<table>_<suffix>: past 43 characters they exceed "
-                "MySQL's 64 and create_all fails with error 1059, although the validator "
-                "accepts 63 (sqla_queue/mixins.py:178-192)",
-                strict=True,
-            ),
-        ),
+        "postgresql",
+        "mysql",
     ],
     indirect=True,
 )

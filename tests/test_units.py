@@ -113,11 +113,6 @@ class TestPayload:
         with pytest.raises(PayloadError, match="Circular reference"):
             serialize_payload(value)
 
-    @pytest.mark.xfail(
-        reason="serialize_payload catches only TypeError/ValueError; json.dumps raises "
-        "RecursionError on a deeply nested value (sqla_queue/payload.py:37)",
-        strict=True,
-    )
     def test_too_deeply_nested_payload_raises_payload_error(self) -> None:
         value: list[object] = []
         for _ in range(100_000):
@@ -203,12 +198,6 @@ class TestRedaction:
         text = 'FATAL: password authentication failed for user "app" (tentativa 3)'
         assert redact(text) == text
 
-    @pytest.mark.xfail(
-        reason="_KEY_VALUE needs a word boundary right before the key, so prefixed names "
-        "such as the seed's MULTI_DATABASE_PASSWORD or PGPASSWORD leak "
-        "(sqla_queue/redaction.py:13-16)",
-        strict=True,
-    )
     @pytest.mark.parametrize("name", ["MULTI_DATABASE_PASSWORD", "PGPASSWORD"])
     def test_prefixed_password_variable_is_masked(self, name: str) -> None:
         assert redact(f"{name}=s3cr3t") == f"{name}={MASK}"
@@ -321,11 +310,6 @@ class TestSettings:
         with pytest.raises(ConfigurationError, match="DB_PORT must be a number, not 'x'"):
             Settings.from_env({**DB_ENV, "DB_PORT": "x"})
 
-    @pytest.mark.xfail(
-        reason="database_url names DB_PORT/DB_DRIVER in its errors even when the value came "
-        "from DATABASE_PORT/DATABASE_DRIVER (sqla_queue/settings.py:69-71, 81)",
-        strict=True,
-    )
     @pytest.mark.parametrize(
         ("name", "value"), [("DATABASE_PORT", "x"), ("DATABASE_DRIVER", "oracle")]
     )

@@ -29,7 +29,6 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, WorkerBase
@@ -43,8 +42,10 @@ SUCCESS = "Concluído com sucesso"
 FAILURE = "ValueError: handler failed on purpose"
 RETRY_SUFFIX = ". Tarefa reenfileirada."
 EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
-RESCUED = ("Falha desconhecida de processamento (processamento abortado repentinamente). "
-           "Tarefa reenfileirada.")
+RESCUED = (
+    "Falha desconhecida de processamento (processamento abortado repentinamente). "
+    "Tarefa reenfileirada."
+)
 
 
 # --------------------------------------------------------------------- helpers
@@ -72,8 +73,9 @@ def effects(engine: Engine, app: App) -> list[tuple[int, int, str | None]]:
     """(task_id, chain_id, note) of every committed Effect, in insertion order."""
     effect = app.Effect
     with engine.connect() as conn:
-        rows = conn.execute(select(effect.task_id, effect.chain_id, effect.note)
-                            .order_by(effect.id))
+        rows = conn.execute(
+            select(effect.task_id, effect.chain_id, effect.note).order_by(effect.id)
+        )
         return [(task_id, chain_id, note) for task_id, chain_id, note in rows]
 
 
@@ -89,7 +91,8 @@ def observer(engine: Engine) -> Iterator[Engine]:
 
 # --------------------------------------------------------------------- success
 def test_success_commits_the_handler_effect_together_with_sucesso(
-        engine: Engine, app: App, installed: None, observer: Engine) -> None:
+    engine: Engine, app: App, installed: None, observer: Engine
+) -> None:
     seen_while_running: list[tuple[str, int]] = []
 
     class Worker(app.RecordingWorker):
@@ -97,10 +100,14 @@ def test_success_commits_the_handler_effect_together_with_sucesso(
             super().execute(payload, task, session)
             session.flush()
             with observer.connect() as conn:
-                status = conn.execute(select(app.Task.status)
-                                      .where(app.Task.id == task.id)).scalar_one()
-                committed = conn.execute(select(func.count()).select_from(app.Effect)
-                                         .where(app.Effect.task_id == task.id)).scalar_one()
+                status = conn.execute(
+                    select(app.Task.status).where(app.Task.id == task.id)
+                ).scalar_one()
+                committed = conn.execute(
+                    select(func.count())
+                    .select_from(app.Effect)
+                    .where(app.Effect.task_id == task.id)
+                ).scalar_one()
             seen_while_running.append((status, committed))
             return payload.get("message")
 
@@ -109,13 +116,18 @@ def test_success_commits_the_handler_effect_together_with_sucesso(
 
     assert seen_while_running == [("processando", 0), ("processando", 0)]
     assert [(t.id, t.status, t.message) for t in tasks(engine, app)] == [
-        (custom, "sucesso", "faturado"), (default, "sucesso", SUCCESS)]
-    assert effects(engine, app) == [(custom, custom, "{'message': 'faturado'}"),
-                                    (default, default, "{'n': 2}")]
+        (custom, "sucesso", "faturado"),
+        (default, "sucesso", SUCCESS),
+    ]
+    assert effects(engine, app) == [
+        (custom, custom, "{'message': 'faturado'}"),
+        (default, default, "{'n': 2}"),
+    ]
 
 
 def test_message_longer_than_the_column_is_cut_and_the_task_still_succeeds(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     class Worker(app.RecordingWorker):
         def execute(self, payload: Any, task: Any, session: Session) -> str | None:
             super().execute(payload, task, session)
@@ -130,45 +142,101 @@ def test_message_longer_than_the_column_is_cut_and_the_task_still_succeeds(
     assert effects(engine, app) == [(task_id, task_id, "{'n': 1}")]
 
 
-@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_commit_failing_after_the_handler_keeps_neither_effect_nor_sucesso(
-        engine: Engine, app: App, installed: None, table_name: str) -> None:
-    """A deferred constraint fails at COMMIT, after the handler returned: the
-    batch rolls back whole, and the rescue re-enqueues the task. PostgreSQL
-    only: MariaDB has no deferred constraints, SQLite none without foreign keys."""
-    guard = Table(f"{table_name}_guard", MetaData(), Column("k", Integer),
-                  UniqueConstraint("k", deferrable=True, initially="DEFERRED"))
-    guard.create(engine)
-    try:
-        class Worker(app.RecordingWorker):
-            def execute(self, payload: Any, task: Any, session: Session) -> str | None:
-                super().execute(payload, task, session)
+def _guarded_worker(app: App, guard: Table) -> type[WorkerBase]:
+    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 2
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            super().execute(payload, task, session)
+            if payload.get("bad"):  # passes the flush, fails the deferred check at COMMIT
                 session.execute(insert(guard), [{"k": 1}, {"k": 1}])
-                return "looked fine"
+            return "looked fine"
 
-        [task_id] = enqueue(engine, app, {"n": 1})
-        with pytest.raises(IntegrityError, match="duplicate key"):
-            drain(Worker, engine)
+    return Worker
 
-        [task] = tasks(engine, app)
-        assert (task.status, task.message) == ("processando", None)
-        assert effects(engine, app) == []
-        with engine.connect() as conn:
-            assert conn.execute(select(func.count()).select_from(guard)).scalar_one() == 0
 
-        drain(app.RecordingWorker, engine)  # its start-up rescue finds the task lost
-        first, retry = tasks(engine, app)
-        assert (first.id, first.status, first.requeued, first.message) == (
-            task_id, "falha_processando", True, RESCUED)
-        assert (retry.initial_id, retry.attempt, retry.status) == (task_id, 2, "sucesso")
-        assert effects(engine, app) == [(retry.id, task_id, "{'n': 1}")]
+@pytest.fixture
+def guard(engine: Engine, table_name: str) -> Iterator[Table]:
+    """A table with a deferred unique constraint: it fails at COMMIT, after
+    every handler of the batch has returned (PostgreSQL only: MariaDB has no
+    deferred constraints, SQLite none without foreign keys)."""
+    table = Table(
+        f"{table_name}_guard",
+        MetaData(),
+        Column("k", Integer),
+        UniqueConstraint("k", deferrable=True, initially="DEFERRED"),
+    )
+    table.create(engine)
+    try:
+        yield table
     finally:
-        guard.drop(engine)
+        table.drop(engine)
 
 
-# --------------------------------------------------------------------- failures
+def _guard_rows(engine: Engine, guard: Table) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(guard)).scalar_one())
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_batch_failing_at_commit_finds_the_task_at_fault(
+    engine: Engine, app: App, installed: None, guard: Table
+) -> None:
+    """The whole batch rolls back; each task then runs alone: the good one
+    commits once, the one whose commit fails again gets the failure."""
+    bad, good = enqueue(engine, app, {"n": 1, "bad": True}, {"n": 2})
+    worker = _guarded_worker(app, guard)()
+    runner = Runner(worker, engine=engine, settings=Settings())
+    manager, adapter = runner.manager, runner.adapter
+    with adapter.connect_claim(engine) as claim_conn, engine.connect() as work_conn:
+        claimed = manager.claim(claim_conn, limit=2)
+        assert [t.id for t in claimed] == [bad, good]
+        result = manager.run_batch(claim_conn, work_conn, claimed, worker.dispatch)
+    assert (result.succeeded, result.failed, result.handed_back) == (1, 1, [])
+
+    first_bad, first_good, retry = tasks(engine, app)
+    assert (first_good.id, first_good.status, first_good.message) == (
+        good,
+        "sucesso",
+        "looked fine",
+    )
+    assert (first_bad.id, first_bad.status, first_bad.requeued) == (bad, "falha", True)
+    assert first_bad.message.startswith("UniqueViolation: duplicate key value")
+    assert first_bad.message.endswith(RETRY_SUFFIX)
+    assert "INSERT INTO" not in first_bad.message  # the driver's error, not the SQL
+    assert (retry.initial_id, retry.attempt, retry.status) == (bad, 2, "pendente")
+    assert effects(engine, app) == [(good, good, "{'n': 2}")]
+    assert _guard_rows(engine, guard) == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_task_failing_at_commit_retries_then_runs_dead(
+    engine: Engine, app: App, installed: None, guard: Table
+) -> None:
+    [task_id] = enqueue(engine, app, {"n": 1, "bad": True})
+    drain(_guarded_worker(app, guard), engine)
+
+    first, retry, dead = tasks(engine, app)
+    assert (first.id, first.status, first.requeued) == (task_id, "falha", True)
+    assert (retry.initial_id, retry.attempt, retry.status, retry.retries_exhausted) == (
+        task_id,
+        2,
+        "falha",
+        True,
+    )
+    assert (dead.dead, dead.live_id, dead.status, dead.message) == (
+        True,
+        task_id,
+        "sucesso",
+        "dead handled",
+    )
+    assert effects(engine, app) == [(dead.id, dead.id, "dead")]
+    assert _guard_rows(engine, guard) == 0
+
+
 def test_failed_attempts_roll_back_their_writes_and_chain_retries_into_a_dead_letter(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     received: list[tuple[int, Any, Any]] = []
 
     class Worker(app.FailingWorker):
@@ -183,46 +251,68 @@ def test_failed_attempts_roll_back_their_writes_and_chain_retries_into_a_dead_le
             return app.RecordingWorker.execute_dead(self, payload, task, session)
 
     payload = {"invoice": 7, "texto": "ação"}
-    [first_id] = enqueue(engine, app, payload, origin="erp", destination="sefaz",
-                         external_key="nf-7", priority=80)
+    [first_id] = enqueue(
+        engine, app, payload, origin="erp", destination="sefaz", external_key="nf-7", priority=80
+    )
     drain(Worker, engine)
 
     a, b, c, dead = tasks(engine, app)
     assert [(t.id, t.attempt) for t in (a, b, c)] == [(first_id, 1), (b.id, 2), (c.id, 3)]
-    assert received == [(a.id, 1, payload), (b.id, 2, payload), (c.id, 3, payload),
-                        (dead.id, "dead", payload)]
+    assert received == [
+        (a.id, 1, payload),
+        (b.id, 2, payload),
+        (c.id, 3, payload),
+        (dead.id, "dead", payload),
+    ]
     # every failed attempt rolled back its Effect; only the dead-letter run's commits
     assert effects(engine, app) == [(dead.id, dead.id, "dead")]
 
     for failed, retry in ((a, b), (b, c)):
-        assert (failed.status, failed.requeued, failed.retries_exhausted) == (
-            "falha", True, False)
+        assert (failed.status, failed.requeued, failed.retries_exhausted) == ("falha", True, False)
         assert failed.message == FAILURE + RETRY_SUFFIX
         assert failed.next_attempt_at == retry.run_at
-        assert (retry.initial_id, retry.previous_id, retry.previous_run_at,
-                retry.previous_status, retry.previous_message) == (
-            a.id, failed.id, failed.run_at, "falha", failed.message)
+        assert (
+            retry.initial_id,
+            retry.previous_id,
+            retry.previous_run_at,
+            retry.previous_status,
+            retry.previous_message,
+        ) == (a.id, failed.id, failed.run_at, "falha", failed.message)
         assert retry.payload_text is None  # stored on the first attempt only
         assert retry.first_run_at == a.first_run_at
     assert (c.status, c.requeued, c.retries_exhausted, c.next_attempt_at) == (
-        "falha", False, True, None)
+        "falha",
+        False,
+        True,
+        None,
+    )
     assert c.message == FAILURE + EXHAUSTED_SUFFIX
     assert a.initial_id is None and a.payload == payload
 
     assert (dead.dead, dead.live_id, dead.attempt, dead.initial_id, dead.previous_id) == (
-        True, a.id, 1, None, None)
+        True,
+        a.id,
+        1,
+        None,
+        None,
+    )
     assert dead.payload == payload
     assert (dead.status, dead.message) == ("sucesso", "dead handled")
     for row in (a, b, c, dead):
         assert (row.origin, row.destination, row.process, row.external_key) == (
-            "erp", "sefaz", "faturar", "nf-7")
+            "erp",
+            "sefaz",
+            "faturar",
+            "nf-7",
+        )
         assert row.priority == 80
         assert row.payload_hash == a.payload_hash
     assert [row.dead for row in (a, b, c)] == [False, False, False]
 
 
 def test_dead_letter_run_that_exhausts_its_attempts_starts_no_other(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     class Worker(app.FailingWorker):
         max_retry = 2
 
@@ -234,17 +324,24 @@ def test_dead_letter_run_that_exhausts_its_attempts_starts_no_other(
 
     rows = tasks(engine, app)
     assert [(t.dead, t.attempt, t.status, t.retries_exhausted) for t in rows] == [
-        (False, 1, "falha", False), (False, 2, "falha", True),
-        (True, 1, "falha", False), (True, 2, "falha", True)]
+        (False, 1, "falha", False),
+        (False, 2, "falha", True),
+        (True, 1, "falha", False),
+        (True, 2, "falha", True),
+    ]
     dead_first, dead_last = rows[2], rows[3]
     assert (dead_first.live_id, dead_last.live_id, dead_last.initial_id) == (
-        first_id, first_id, dead_first.id)
+        first_id,
+        first_id,
+        dead_first.id,
+    )
     assert dead_last.message == "RuntimeError: dead handler failed too" + EXHAUSTED_SUFFIX
     assert effects(engine, app) == []
 
 
 def test_failure_message_never_stores_or_logs_a_secret(
-        engine: Engine, app: App, installed: None, caplog: pytest.LogCaptureFixture) -> None:
+    engine: Engine, app: App, installed: None, caplog: pytest.LogCaptureFixture
+) -> None:
     class Worker(app.RecordingWorker):
         max_retry = 2
 
@@ -260,15 +357,15 @@ def test_failure_message_never_stores_or_logs_a_secret(
     assert first.message == masked + RETRY_SUFFIX
     assert (last.previous_message, last.message) == (first.message, masked + EXHAUSTED_SUFFIX)
     assert dead.dead is True
-    stored = " ".join(str(v) for t in (first, last, dead)
-                      for v in (t.message, t.previous_message))
+    stored = " ".join(str(v) for t in (first, last, dead) for v in (t.message, t.previous_message))
     assert "hunter2" not in stored and "abc" not in stored
     assert "attempt 1 failed" in caplog.text
     assert "hunter2" not in caplog.text and "token=abc" not in caplog.text
 
 
 def test_failing_task_in_a_batch_rolls_back_only_its_own_writes(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     class Worker(app.RecordingWorker):
         max_retry = 1  # a failure goes straight to its dead-letter run
 
@@ -280,18 +377,21 @@ def test_failing_task_in_a_batch_rolls_back_only_its_own_writes(
     rows = tasks(engine, app)
     by_id = {t.id: t for t in rows}
     assert {i: by_id[i].status for i in ids} == {
-        i: "falha" if i in failing else "sucesso" for i in ids}
+        i: "falha" if i in failing else "sucesso" for i in ids
+    }
     dead = [t for t in rows if t.dead]
     assert sorted(t.live_id for t in dead) == sorted(failing)
     assert all(t.status == "sucesso" for t in dead)
     assert sorted(effects(engine, app)) == sorted(
         [(i, i, f"{{'n': {n}}}") for n, i in enumerate(ids) if i not in failing]
-        + [(t.id, t.id, "dead") for t in dead])
+        + [(t.id, t.id, "dead") for t in dead]
+    )
 
 
 # --------------------------------------------------------------------- scheduling
 def test_task_scheduled_an_hour_ahead_is_left_waiting_by_a_burst_worker(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     run_at = utcnow() + dt.timedelta(hours=1)
     [task_id] = enqueue(engine, app, {"n": 1}, run_at=run_at)
     drain(app.RecordingWorker, engine)
@@ -302,7 +402,8 @@ def test_task_scheduled_an_hour_ahead_is_left_waiting_by_a_burst_worker(
 
 
 def test_task_scheduled_seconds_ahead_runs_once_it_is_due(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     ran_at: list[tuple[dt.datetime, dt.datetime]] = []
 
     class Worker(app.RecordingWorker):
@@ -318,8 +419,11 @@ def test_task_scheduled_seconds_ahead_runs_once_it_is_due(
     thread = threading.Thread(target=runner.run, name="test-runner")
     thread.start()
     try:
-        wait_until(lambda: [t.status for t in tasks(engine, app)] == ["sucesso"],
-                   timeout=15, message="the scheduled task to succeed")
+        wait_until(
+            lambda: [t.status for t in tasks(engine, app)] == ["sucesso"],
+            timeout=15,
+            message="the scheduled task to succeed",
+        )
     finally:
         runner.stop()
         thread.join(timeout=15)
@@ -334,7 +438,8 @@ def test_task_scheduled_seconds_ahead_runs_once_it_is_due(
 # --------------------------------------------------------------------- order, batching
 @pytest.mark.parametrize("batch_size", [1, None], ids=["one-per-transaction", "batched"])
 def test_ready_tasks_run_by_priority_then_age(
-        engine: Engine, app: App, installed: None, batch_size: int | None) -> None:
+    engine: Engine, app: App, installed: None, batch_size: int | None
+) -> None:
     ids = {}
     for priority in (10, 90, 50):
         [ids[priority]] = enqueue(engine, app, {"p": priority}, priority=priority)
@@ -343,12 +448,17 @@ def test_ready_tasks_run_by_priority_then_age(
     drain(app.RecordingWorker, engine, batch_size=batch_size)
 
     assert [task_id for task_id, _, _ in effects(engine, app)] == [
-        ids[90], later_90, ids[50], ids[10]]
+        ids[90],
+        later_90,
+        ids[50],
+        ids[10],
+    ]
 
 
 @pytest.mark.parametrize("batch_size", [1, None], ids=["one-per-transaction", "batched"])
 def test_every_handler_effect_commits_exactly_once(
-        engine: Engine, app: App, installed: None, batch_size: int | None) -> None:
+    engine: Engine, app: App, installed: None, batch_size: int | None
+) -> None:
     ids = enqueue(engine, app, *({"n": n} for n in range(60)))
     drain(app.RecordingWorker, engine, batch_size=batch_size)
 
@@ -358,7 +468,8 @@ def test_every_handler_effect_commits_exactly_once(
 
 
 def test_stop_hands_back_claimed_tasks_that_have_not_started(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     ids = enqueue(engine, app, *({"n": n} for n in range(5)))
     worker = app.RecordingWorker()
     runner = Runner(worker, engine=engine, settings=Settings())
@@ -366,8 +477,9 @@ def test_stop_hands_back_claimed_tasks_that_have_not_started(
     with adapter.connect_claim(engine) as claim_conn, engine.connect() as work_conn:
         claimed = manager.claim(claim_conn, limit=5)
         assert [t.id for t in claimed] == ids
-        result = manager.run_batch(claim_conn, work_conn, claimed, worker.dispatch,
-                                   should_stop=lambda: True)
+        result = manager.run_batch(
+            claim_conn, work_conn, claimed, worker.dispatch, should_stop=lambda: True
+        )
     assert (result.succeeded, result.failed, result.handed_back) == (1, 0, ids[1:])
     assert [t.status for t in tasks(engine, app)] == ["sucesso"] + ["pendente"] * 4
     assert effects(engine, app) == [(ids[0], ids[0], "{'n': 0}")]
@@ -381,21 +493,31 @@ def test_tasks_inserted_by_queue_client_are_processed(engine: Engine, app: App) 
     past = utcnow() - dt.timedelta(minutes=1)
     with engine.begin() as conn:
         client = QueueClient(conn, app.Task)
-        single = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7},
-                                    prioridade=80)
-        bulk = client.insert_tasks([
-            {"process": "faturar", "payload": {"invoice": 8}},
-            {"process": "faturar", "payload": "texto simples", "run_at": past},
-        ])
+        single = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7}, prioridade=80)
+        bulk = client.insert_tasks(
+            [
+                {"process": "faturar", "payload": {"invoice": 8}},
+                {"process": "faturar", "payload": "texto simples", "run_at": past},
+            ]
+        )
     drain(app.RecordingWorker, engine)
 
     rows = tasks(engine, app)
     assert [(t.id, t.status, t.priority) for t in rows] == [
-        (single, "sucesso", 80), (bulk[0], "sucesso", 50), (bulk[1], "sucesso", 50)]
+        (single, "sucesso", 80),
+        (bulk[0], "sucesso", 50),
+        (bulk[1], "sucesso", 50),
+    ]
     assert [effect[:2] for effect in effects(engine, app)] == [
-        (single, single), (bulk[1], bulk[1]), (bulk[0], bulk[0])]
+        (single, single),
+        (bulk[1], bulk[1]),
+        (bulk[0], bulk[0]),
+    ]
     assert sorted(note for _, _, note in effects(engine, app)) == [
-        "texto simples", "{'invoice': 7}", "{'invoice': 8}"]
+        "texto simples",
+        "{'invoice': 7}",
+        "{'invoice': 8}",
+    ]
 
 
 # --------------------------------------------------------------------- races, step by step
@@ -403,21 +525,26 @@ def lock_waits(engine: Engine, table_name: str) -> int:
     """Statements on ``table_name`` waiting for an InnoDB row lock. InnoDB
     refreshes this view only after 0.1 s without reads: poll it slower."""
     with engine.connect() as conn:
-        return conn.execute(text(
-            "SELECT count(*) FROM information_schema.INNODB_TRX "
-            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"),
-            {"pattern": f"%{table_name}%"}).scalar_one()
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"
+            ),
+            {"pattern": f"%{table_name}%"},
+        ).scalar_one()
 
 
-@pytest.mark.parametrize("db_url", [
-    "postgresql",
-    pytest.param("mysql", marks=pytest.mark.xfail(strict=True, reason=(
-        "MySQLAdapter.task_rescue_lost takes the task lock after reading the 'processando' "
-        "ids and never reads the status again: a task finished in between is marked "
-        "falha_processando and run a second time"))),
-], indirect=True)
+@pytest.mark.parametrize(
+    "db_url",
+    [
+        "postgresql",
+        "mysql",
+    ],
+    indirect=True,
+)
 def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
-        engine: Engine, app: App, installed: None) -> None:
+    engine: Engine, app: App, installed: None
+) -> None:
     """A live worker finishes its task right after the rescue has read which
     tasks are 'processando' (a start-up rescue among busy workers). SQLite is
     left out: it has no rescue."""
@@ -425,14 +552,19 @@ def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
     worker = app.RecordingWorker()
     runner = Runner(worker, engine=engine, settings=Settings())
     manager, adapter = runner.manager, runner.adapter
-    with adapter.connect_claim(engine) as claim_conn, engine.connect() as work_conn, \
-            adapter.connect_claim(engine) as rescue_claim, engine.connect() as rescue_work:
+    with (
+        adapter.connect_claim(engine) as claim_conn,
+        engine.connect() as work_conn,
+        adapter.connect_claim(engine) as rescue_claim,
+        engine.connect() as rescue_work,
+    ):
         running = manager.claim(claim_conn, limit=1)
         assert [t.id for t in running] == [task_id]
 
         @event.listens_for(rescue_claim, "after_cursor_execute")
-        def finish_the_task(conn: Any, cursor: Any, statement: str, parameters: Any,
-                            context: Any, executemany: bool) -> None:
+        def finish_the_task(
+            conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+        ) -> None:
             if running and "processando" in f"{statement} {parameters}":
                 manager.run_batch(claim_conn, work_conn, running, worker.dispatch)
                 running.clear()
@@ -442,17 +574,15 @@ def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
     assert running == []  # the worker did finish while the rescue was looking
     assert rescued == 0
     assert [(t.id, t.status, t.message) for t in tasks(engine, app)] == [
-        (task_id, "sucesso", SUCCESS)]
+        (task_id, "sucesso", SUCCESS)
+    ]
     assert effects(engine, app) == [(task_id, task_id, "{'n': 1}")]
 
 
 @pytest.mark.parametrize("db_url", ["mysql"], indirect=True)
-@pytest.mark.xfail(strict=True, reason=(
-    "on MariaDB the promotion's UPDATE locks the first 'pendente' entry of the status index "
-    "and then waits for the claim's row, whose UPDATE needs that entry: InnoDB deadlock 1213, "
-    "raised to the lane (a --burst worker exits 1)"))
 def test_claim_and_promotion_running_at_once_both_complete(
-        engine: Engine, app: App, installed: None, table_name: str) -> None:
+    engine: Engine, app: App, installed: None, table_name: str
+) -> None:
     """Two workers: one claims while the other promotes scheduled tasks. The
     promotion is started between the claim's locking read and its UPDATE."""
     ids = enqueue(engine, app, {"n": 1}, {"n": 2})
@@ -462,6 +592,7 @@ def test_claim_and_promotion_running_at_once_both_complete(
     errors: list[BaseException] = []
 
     with adapter.connect_claim(engine) as claiming, adapter.connect_claim(engine) as promoting:
+
         def promote() -> None:
             try:
                 promoted.append(manager.promote_due(promoting))
@@ -471,12 +602,16 @@ def test_claim_and_promotion_running_at_once_both_complete(
         promotion = threading.Thread(target=promote)
 
         @event.listens_for(claiming, "before_cursor_execute")
-        def promote_meanwhile(conn: Any, cursor: Any, statement: str, parameters: Any,
-                              context: Any, executemany: bool) -> None:
+        def promote_meanwhile(
+            conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+        ) -> None:
             if statement.lstrip().upper().startswith("UPDATE") and promotion.ident is None:
                 promotion.start()
-                wait_until(lambda: lock_waits(engine, table_name) or not promotion.is_alive(),
-                           interval=0.2, message="the promotion to wait or finish")
+                wait_until(
+                    lambda: lock_waits(engine, table_name) or not promotion.is_alive(),
+                    interval=0.2,
+                    message="the promotion to wait or finish",
+                )
 
         claimed = manager.claim(claiming, limit=1)
         promotion.join(timeout=30)

@@ -55,13 +55,19 @@ class Lanes(int):
 
 WORKER_SETTINGS = [
     {"label": "1 proc (batched, 1 lane)", "procs": 1, "concurrency": Lanes(1)},
-    {"label": "1 proc, batch_size=1 (one task per transaction)", "procs": 1,
-     "concurrency": Lanes(1, batch_size=1), "batch_size": 1},
+    {
+        "label": "1 proc, batch_size=1 (one task per transaction)",
+        "procs": 1,
+        "concurrency": Lanes(1, batch_size=1),
+        "batch_size": 1,
+    },
     {"label": "4 procs (batched, 1 lane each)", "procs": 4, "concurrency": Lanes(1)},
 ]
 LATENCY_SETTING = 0
-ENQUEUE_DESC = ('with Session(engine) as s, s.begin(): s.add(Task(process="noop", payload=seq))'
-                " (ORM, psycopg 3)")
+ENQUEUE_DESC = (
+    'with Session(engine) as s, s.begin(): s.add(Task(process="noop", payload=seq))'
+    " (ORM, psycopg 3)"
+)
 
 
 class Base(DeclarativeBase):
@@ -88,8 +94,13 @@ _admin: Connection | None = None  # autocommit: counts, TRUNCATE
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, cwd=Path(sqla_queue.__file__).parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(sqla_queue.__file__).parent,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -100,9 +111,11 @@ def version() -> str:
     return _v("sqla-queue") + (f" ({commit})" if commit else "")
 
 
-NOTES = (f"SQLAlchemy {_v('SQLAlchemy')}, psycopg {_v('psycopg')}; worker: one thread (lane) "
-         "per process, batches of up to WorkerBase.batch_size=100 tasks per transaction "
-         "(adaptive), LISTEN/NOTIFY wake-up")
+NOTES = (
+    f"SQLAlchemy {_v('SQLAlchemy')}, psycopg {_v('psycopg')}; worker: one thread (lane) "
+    "per process, batches of up to WorkerBase.batch_size=100 tasks per transaction "
+    "(adaptive), LISTEN/NOTIFY wake-up"
+)
 
 
 def _execute(statement: Any, params: dict[str, Any] | None = None) -> Any:
@@ -166,11 +179,14 @@ def preload(n: int) -> None:
     if _dialect() != "postgresql":
         enqueue_bulk(n)
         return
-    _execute(text(
-        f"INSERT INTO {_quoted_table()} (processo, payload, payload_hash, status, prioridade, "
-        "pub_sub) SELECT 'noop', NULL, NULL, :status, :priority, false "
-        "FROM generate_series(1, :n)"),
-        {"status": Status.PENDING.value, "priority": DEFAULT_PRIORITY, "n": n})
+    _execute(
+        text(
+            f"INSERT INTO {_quoted_table()} (processo, payload, payload_hash, status, prioridade, "
+            "pub_sub) SELECT 'noop', NULL, NULL, :status, :priority, false "
+            "FROM generate_series(1, :n)"
+        ),
+        {"status": Status.PENDING.value, "priority": DEFAULT_PRIORITY, "n": n},
+    )
 
 
 _COUNT_JOBS = select(func.count()).select_from(Task.__table__)
@@ -208,8 +224,9 @@ def teardown() -> None:
 
 def worker_main(argv: list[str]) -> int:
     """``worker URL LANES [BATCH_SIZE]``"""
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     url, lanes = argv[0], int(argv[1])
     batch_size = int(argv[2]) if len(argv) > 2 else None
     return NoopWorker().run(url, concurrency=lanes, batch_size=batch_size)

@@ -30,8 +30,10 @@ from sqla_queue_adapter import (  # noqa: F401  (the harness's adapter contract)
 from sqla_queue import QueueClient
 
 PEER = "sqla_queue (QueueClient)"
-ENQUEUE_DESC = ('with conn.begin(): QueueClient(conn, Task).insert_task(None, None, "noop", '
-                "None, seq) (SQLAlchemy Connection, psycopg 3)")
+ENQUEUE_DESC = (
+    'with conn.begin(): QueueClient(conn, Task).insert_task(None, None, "noop", '
+    "None, seq) (SQLAlchemy Connection, psycopg 3)"
+)
 
 
 def enqueue_one(seq: int | None = None) -> None:

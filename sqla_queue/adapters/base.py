@@ -126,7 +126,7 @@ class Adapter:
         initial_at = list(keys).index("id_inicial")
         missing = {row[initial_at] for row in rows if row[payload_at] is None and row[initial_at]}
         if missing:
-            payloads = dict(conn.execute(self._payloads, {"ids": sorted(missing)}).tuples().all())
+            payloads = dict(conn.execute(self._payloads, {"ids": sorted(missing)}).all())
             rows = [
                 row
                 if row[payload_at] is not None or row[initial_at] not in payloads
@@ -156,6 +156,11 @@ class Adapter:
     def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """Bulk insert through the database's COPY protocol."""
         raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a conflict that succeeds when retried
+        (a deadlock, a lock wait timeout, a serialization failure)."""
+        return False
 
     # ------------------------------------------------------------ claim
     def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:

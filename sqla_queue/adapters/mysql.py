@@ -21,6 +21,8 @@ from ..mixins import Status
 from ..records import TaskRecord
 from .base import Adapter
 
+PROMOTE_CHUNK = 1000
+
 
 class MySQLAdapter(Adapter):
     family = "mysql"
@@ -47,6 +49,24 @@ class MySQLAdapter(Adapter):
             .limit(self._limit_param())
         )
         self._rows_by_id = select(self.table).where(self._id_in("ids"))
+        self._still_processing = select(self.table).where(
+            self._id_in("ids"), c.status == Status.PROCESSING.value
+        )
+        # promotion in two steps: a plain read (no locks) finds the due rows,
+        # then an UPDATE by primary key. A single UPDATE ... WHERE status
+        # scans the status index under locks and deadlocks with the claim's
+        # UPDATE, whose index entries it touches.
+        self._due_ids = (
+            select(c.id)
+            .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+            .order_by(c.data_hora, c.id)
+            .limit(self._limit_param())
+        )
+        self._promote_ids = (
+            update(self.table)
+            .where(self._id_in("ids"), c.status == Status.SCHEDULED.value)
+            .values(status=Status.PENDING.value)
+        )
         # lock names are at most 64 characters: hash the table name
         self._lock_prefix = f"sqlaq:{zlib.crc32(self.qualified_name.encode()):08x}:"
 
@@ -60,6 +80,19 @@ class MySQLAdapter(Adapter):
 
     def now(self) -> ColumnElement[dt.datetime]:
         return func.utc_timestamp(6)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        # 1213 deadlock, 1205 lock wait timeout: InnoDB rolled the statement
+        # or the transaction back, and the same work can be tried again
+        orig = getattr(exc, "orig", exc)
+        args: tuple[Any, ...] = getattr(orig, "args", ())
+        return bool(args) and args[0] in (1205, 1213)
+
+    def task_promote_due(self, conn: Connection) -> int:
+        ids = conn.execute(self._due_ids, {"limit": PROMOTE_CHUNK}).scalars().all()
+        if not ids:
+            return 0
+        return conn.execute(self._promote_ids, {"ids": list(ids)}).rowcount
 
     def _lock_name(self, task_id: int) -> str:
         return f"{self._lock_prefix}{task_id}"
@@ -77,11 +110,16 @@ class MySQLAdapter(Adapter):
         rows = result.all()
         if not rows:
             return []
-        locked = set(self._get_locks(conn, [row.id for row in rows]))
-        rows = [row for row in rows if row.id in locked]
-        if rows:
-            conn.execute(self._mark_processing, {"ids": [row.id for row in rows]})
-        return self._records(keys, rows, conn)
+        locked = self._get_locks(conn, [row.id for row in rows])
+        try:
+            rows = [row for row in rows if row.id in set(locked)]
+            if rows:
+                conn.execute(self._mark_processing, {"ids": [row.id for row in rows]})
+            return self._records(keys, rows, conn)
+        except BaseException:
+            # GET_LOCK is not transactional: give back what this failed claim took
+            self.lock_release_many(conn, ids=locked)
+            raise
 
     def lock_release_many(self, conn: Connection, *, ids: Sequence[int]) -> None:
         if not ids:
@@ -97,7 +135,12 @@ class MySQLAdapter(Adapter):
         ours = self._get_locks(conn, list(ids))
         if not ours:
             return []
-        return self._fetch_records(conn, self._rows_by_id, {"ids": ours})
+        # read again under the locks: a task that finished between the first
+        # read and the lock is not lost, and must not run twice
+        lost = self._fetch_records(conn, self._still_processing, {"ids": ours})
+        finished = set(ours) - {task.id for task in lost}
+        self.lock_release_many(conn, ids=sorted(finished))
+        return lost
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         name = f"{self._lock_prefix}m{key}"

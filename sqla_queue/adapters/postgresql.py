@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -77,6 +77,13 @@ class PostgresAdapter(Adapter):
     claim_autocommit = True
     supports_notify = True
     supports_task_locks = True
+
+    #: deadlock_detected, serialization_failure, lock_not_available
+    TRANSIENT_SQLSTATES: ClassVar[frozenset[str]] = frozenset({"40P01", "40001", "55P03"})
+
+    def is_transient(self, exc: BaseException) -> bool:
+        sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
+        return sqlstate in self.TRANSIENT_SQLSTATES
 
     def __init__(self, table: Any, channel: str) -> None:
         super().__init__(table, channel)

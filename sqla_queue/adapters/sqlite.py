@@ -66,6 +66,10 @@ class SQLiteAdapter(Adapter):
             .returning(*c)
         )
 
+    def is_transient(self, exc: BaseException) -> bool:
+        # the busy timeout ran out while another process held the write lock
+        return "database is locked" in str(getattr(exc, "orig", exc))
+
     def prepare_engine(self, engine: Engine) -> None:
         if getattr(engine, "_sqla_queue_sqlite", False):
             return

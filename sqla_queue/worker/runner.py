@@ -23,24 +23,27 @@ re-enqueues those tasks. Nothing is lost either way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_for
-from ..exceptions import ConfigurationError, UnsupportedOperationError
+from ..exceptions import ConfigurationError, UnsupportedOperationError, WorkerDatabaseError
 from ..manager import TaskManager
 from ..mixins import channel_of
 from ..records import TaskRecord
+from ..redaction import redact
 from ..settings import Settings, normalize_url
 from ..types import dialect_family, utcnow
 from .base import WorkerBase
@@ -117,7 +120,13 @@ class Runner:
         options: dict[str, Any] = {"pool_pre_ping": True}
         if dialect_family(parsed.get_backend_name()) != "sqlite":
             options["pool_size"] = 2 * self.concurrency + 1
-        return create_engine(parsed, **options)
+        try:
+            return create_engine(parsed, **options)
+        except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
+            raise ConfigurationError(
+                f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
+                f"{redact(str(exc))}"
+            ) from None
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
@@ -153,7 +162,13 @@ class Runner:
                 listener.stop()
             restore()
         if self._errors:
-            raise self._errors[0]
+            error = self._errors[0]
+            if isinstance(error, DBAPIError):
+                where = self.engine.url.render_as_string(hide_password=True)
+                raise WorkerDatabaseError(
+                    f"database error on {where}: {redact(str(error.orig))}".strip()
+                ) from error
+            raise error
         logger.info("worker %s stopped", type(self.worker).__name__)
         return 0
 
@@ -187,6 +202,10 @@ class Runner:
                 self._lane_loop(index)
                 return
             except DBAPIError as exc:
+                if self.adapter.is_transient(exc):
+                    # a deadlock or a lock timeout: the batch was handed back
+                    logger.warning("lane %d: %s; retrying", index, redact(str(exc.orig)))
+                    continue
                 if self.burst:
                     self._errors.append(exc)
                     self.stop()
@@ -205,6 +224,7 @@ class Runner:
         with (
             self.adapter.connect_claim(self.engine) as claim_conn,
             self.engine.connect() as work_conn,
+            _invalidated_on_error(claim_conn),
         ):
             if index == 0:
                 self._maybe_rescue(claim_conn, work_conn, force=True)
@@ -253,3 +273,15 @@ class Runner:
             self.manager.rescue(claim_conn, work_conn)
         except UnsupportedOperationError:
             self._rescue_supported = False
+
+
+@contextlib.contextmanager
+def _invalidated_on_error(conn: Connection) -> Iterator[None]:
+    """Close ``conn`` for good when the lane fails: its per-task and
+    maintenance locks are session-level and would outlive a return to the
+    pool, so the rescue could never take them."""
+    try:
+        yield
+    except BaseException:
+        conn.invalidate()
+        raise
