@@ -108,7 +108,8 @@ def _idle_cost(url: str, seconds: float) -> dict[str, float]:
     try:
         deadline = time.monotonic() + 30
         engine = create_engine(url)
-        with engine.connect() as conn:
+        # autocommit: pg_stat_activity is a snapshot within one transaction
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             while not conn.execute(
                 text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
             ).scalar():
@@ -122,15 +123,23 @@ def _idle_cost(url: str, seconds: float) -> dict[str, float]:
             fields = pathlib.Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
+        def rss_kib() -> int:
+            status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+            return next(
+                int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")
+            )
+
         before, t0 = cpu(), time.monotonic()
-        time.sleep(seconds)
+        samples = []
+        while time.monotonic() - t0 < seconds:  # one RSS sample a second
+            samples.append(rss_kib())
+            time.sleep(1)
         used, elapsed = cpu() - before, time.monotonic() - t0
-        rss_kb = next(
-            int(line.split()[1])
-            for line in pathlib.Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-            if line.startswith("VmRSS:")
-        )
-        return {"rss_mb": rss_kb / 1024, "cpu_share_of_core": used / elapsed}
+        return {
+            "rss_mib": samples[-1] / 1024,
+            "rss_mib_max": max(samples) / 1024,
+            "cpu_share_of_core": used / elapsed,
+        }
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -143,6 +152,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--idle-seconds", type=float, default=30)
+    parser.add_argument("--results", default=str(RESULTS))
     args = parser.parse_args()
     url = normalize_url(args.url).render_as_string(hide_password=False)
     engine = create_engine(url)
@@ -167,8 +177,9 @@ def main() -> int:
         engine.dispose()
     empty, full = statistics.median(result["empty"]), statistics.median(result["full"])
     result["ratio"] = full / empty
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "growth.json").write_text(json.dumps(result, indent=1))
+    results = pathlib.Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "growth.json").write_text(json.dumps(result, indent=1))
     print("| table | tasks/s median (min-max) |\n|---|---|")
     print(f"| empty | {empty:,.0f} ({min(result['empty']):,.0f}-{max(result['empty']):,.0f}) |")
     print(
@@ -177,7 +188,8 @@ def main() -> int:
     )
     print(f"ratio full/empty: {result['ratio']:.2f}")
     print(
-        f"idle worker: {result['idle']['rss_mb']:.1f} MB RSS, "
+        f"idle worker: {result['idle']['rss_mib']:.1f} MiB RSS "
+        f"(max {result['idle']['rss_mib_max']:.1f}), "
         f"{100 * result['idle']['cpu_share_of_core']:.2f}% of a core"
     )
     return 0

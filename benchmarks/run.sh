@@ -11,6 +11,8 @@
 # 3. benchmarks/own_dialects.py: the same measurements on MariaDB and SQLite
 #    -> benchmarks/results/own_dialects.json, own_dialects.md
 # 4. the harness's report.py over results/peers -> benchmarks/results/RESULTS.md
+# 5. benchmarks/growth.py: (e) claim rate with 5M finished rows, idle worker
+#    -> benchmarks/results/growth.json
 #
 # The harness's JSON files live in results/peers/ because report.py reads every
 # *.json in its folder as a peer (own_dialects.json, growth.json would break it).
@@ -23,6 +25,7 @@
 #   DRIVER_ARGS="--n-txn 1000 --n-bulk 10000 --n-proc 5000 --lat-n 100"
 #                                 scale options for driver.py, also given to own_dialects.py
 #   SKIP_CLIENT=1 SKIP_OWN=1      skip step 2 / step 3
+#   SKIP_GROWTH=1                 skip step 5; GROWTH_FINISHED=n finished rows (default 5M)
 #   OWN_ARGS="--dialects sqlite"  more own_dialects.py options (--poll-interval, --mysql-url)
 #   BENCH_HARNESS=/path/to/bench  the harness (default: ../shared/bench from the repo root)
 #   RESULTS=dir                   output folder (default: benchmarks/results)
@@ -50,7 +53,7 @@ ADAPTER_PATH=benchmarks/peers RESULTS=$PEER_RESULTS INSTALL_sqla_queue="-e $ROOT
   PEERS=$PEERS REPS=$REPS "$HARNESS/run_peers.sh"
 rm -f "$PEER_RESULTS/RESULTS.md"  # step 4 writes the complete one
 
-if [ -z "${SKIP_CLIENT:-}" ] || [ -z "${SKIP_OWN:-}" ]; then
+if [ -z "${SKIP_CLIENT:-}" ] || [ -z "${SKIP_OWN:-}" ] || [ -z "${SKIP_GROWTH:-}" ]; then
   if [ ! -x "$PY" ]; then
     log "creating venv $VENVS/sqla_queue"
     python3 -m venv "$VENVS/sqla_queue"
@@ -92,3 +95,11 @@ fi
 
 # 4. the report over every peer result
 python3 "$HARNESS/report.py" --results "$PEER_RESULTS" --out "$RESULTS/RESULTS.md"
+
+# 5. (e) cost growth with 5M finished rows, and the idle worker's RSS and CPU
+if [ -z "${SKIP_GROWTH:-}" ]; then
+  log "growth: claim rate empty vs. ${GROWTH_FINISHED:-5000000} finished rows; idle worker"
+  "$PY" benchmarks/growth.py --results "$RESULTS" --reps "$REPS" \
+    --finished "${GROWTH_FINISHED:-5000000}" \
+    || log "growth.py failed (see above)"
+fi

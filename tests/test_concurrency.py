@@ -324,6 +324,19 @@ def test_cli_reports_an_unreachable_database() -> None:
     assert_clear_error(proc, "127.0.0.1")
 
 
+def test_cli_refuses_a_queue_table_that_does_not_exist(tmp_path: Path) -> None:
+    proc = run_cli(
+        "worker",
+        RECORDING,
+        "--url",
+        f"sqlite:///{tmp_path / 'empty.db'}",
+        env={"SQLA_QUEUE_TEST_TABLE": "fila_teste"},
+        timeout=60,
+        check=False,
+    )
+    assert_clear_error(proc, "Error: the queue table fila_teste does not exist in sqlite:///")
+
+
 def test_cli_without_a_database_says_so() -> None:
     env = dict.fromkeys(DATABASE_VARIABLES, "")  # run_cli adds to os.environ: blank them
     proc = run_cli("worker", RECORDING, "--burst", env=env, check=False)

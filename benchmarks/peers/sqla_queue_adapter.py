@@ -1,10 +1,13 @@
 """sqla-queue adapter for the peer benchmark harness (../shared/bench).
 
-enqueue_one: the ORM path in the application's own transaction:
-    with Session(engine) as s, s.begin(): s.add(Task(process="noop", payload=seq))
+enqueue_one: the ORM path in the application's own transaction, on its
+    long-lived connection (as every peer's enqueue runs in the harness):
+    with Session(bind=conn) as s, s.begin(): s.add(Task(process="noop", payload=seq))
     (``sqla_queue.install(Session)`` completes the row on flush).
-enqueue_bulk: ``QueueClient(conn, Task).insert_tasks([...])``, one transaction
-    per chunk of BULK_CHUNK, on a long-lived Connection (psycopg 3).
+enqueue_bulk: ``QueueClient(conn, Task).copy_tasks([...])`` (COPY) on PostgreSQL,
+    ``insert_tasks`` elsewhere; one transaction per chunk of BULK_CHUNK, on a
+    long-lived Connection (psycopg 3). The QueueClient adapter measures
+    ``insert_tasks`` on PostgreSQL.
 workers: ``python -m sqla_queue_adapter worker URL LANES [BATCH_SIZE]`` runs a
     WorkerBase subclass whose no-op ``execute`` returns None. Idle lanes wait
     on LISTEN/NOTIFY on PostgreSQL, and poll (SQLA_QUEUE_POLL_INTERVAL) on
@@ -65,8 +68,8 @@ WORKER_SETTINGS = [
 ]
 LATENCY_SETTING = 0
 ENQUEUE_DESC = (
-    'with Session(engine) as s, s.begin(): s.add(Task(process="noop", payload=seq))'
-    " (ORM, psycopg 3)"
+    'with Session(bind=conn) as s, s.begin(): s.add(Task(process="noop", payload=seq))'
+    " (ORM on the app's connection, psycopg 3)"
 )
 
 
@@ -160,16 +163,27 @@ def recover() -> None:
 
 
 def enqueue_one(seq: int | None = None) -> None:
-    with Session(_engine) as s, s.begin():
+    # the application's Session on its own long-lived connection, as the
+    # harness runs every peer's enqueue ("on the app's connection")
+    with Session(bind=_conn) as s, s.begin():
         s.add(Task(process="noop", payload=seq))
 
 
-def enqueue_bulk(n: int) -> None:
+def enqueue_bulk(n: int, *, copy: bool | None = None) -> None:
+    """Chunks of BULK_CHUNK, one transaction each: ``copy_tasks`` (COPY) on
+    PostgreSQL, ``insert_tasks`` elsewhere or when ``copy`` is False."""
     assert _conn is not None
+    if copy is None:
+        copy = _dialect() == "postgresql"
     for start in range(0, n, BULK_CHUNK):
         k = min(BULK_CHUNK, n - start)
         with _conn.begin():
-            QueueClient(_conn, Task).insert_tasks([{"process": "noop"}] * k)
+            client = QueueClient(_conn, Task)
+            rows = [{"process": "noop"}] * k
+            if copy:
+                client.copy_tasks(rows)
+            else:
+                client.insert_tasks(rows)
 
 
 def preload(n: int) -> None:

@@ -3,7 +3,8 @@
 Everything but enqueue_one comes from sqla_queue_adapter (same table, same
 connections, same workers). enqueue_one:
     with conn.begin(): QueueClient(conn, Task).insert_task(None, None, "noop", None, seq)
-on the long-lived SQLAlchemy Connection (psycopg 3). Meant for ``--only a,b``.
+on the long-lived SQLAlchemy Connection (psycopg 3); enqueue_bulk: insert_tasks
+(the main adapter uses copy_tasks on PostgreSQL). Meant for ``--only a,b``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from sqla_queue_adapter import (  # noqa: F401  (the harness's adapter contract)
     WORKER_SETTINGS,
     count_done,
     count_jobs,
-    enqueue_bulk,
     preload,
     recover,
     reset,
@@ -34,6 +34,10 @@ ENQUEUE_DESC = (
     'with conn.begin(): QueueClient(conn, Task).insert_task(None, None, "noop", '
     "None, seq) (SQLAlchemy Connection, psycopg 3)"
 )
+
+
+def enqueue_bulk(n: int) -> None:
+    _base.enqueue_bulk(n, copy=False)  # insert_tasks: INSERT ... SELECT FROM unnest(...)
 
 
 def enqueue_one(seq: int | None = None) -> None:

@@ -33,9 +33,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_for
@@ -109,6 +109,7 @@ class Runner:
         self._rescue_at = 0.0
         self._rescue_supported = self.adapter.supports_task_locks
         self._signals = 0
+        self._trimmed = False
 
     def _create_engine(self, url: str | URL | None) -> Engine:
         url = url or self.settings.url
@@ -130,6 +131,7 @@ class Runner:
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
+        self._check_table()
         listener = None
         if self.adapter.supports_notify and not self.burst:
             listener = self.adapter.listener(self.engine)
@@ -164,13 +166,33 @@ class Runner:
         if self._errors:
             error = self._errors[0]
             if isinstance(error, DBAPIError):
-                where = self.engine.url.render_as_string(hide_password=True)
-                raise WorkerDatabaseError(
-                    f"database error on {where}: {redact(str(error.orig))}".strip()
-                ) from error
+                raise self._database_error(error) from error
             raise error
         logger.info("worker %s stopped", type(self.worker).__name__)
         return 0
+
+    def _database_error(self, error: DBAPIError) -> WorkerDatabaseError:
+        where = self.engine.url.render_as_string(hide_password=True)
+        return WorkerDatabaseError(f"database error on {where}: {_describe(error)}")
+
+    def _check_table(self) -> None:
+        """Refuse to start on a queue table that does not exist: every claim
+        would fail, and the worker would look alive doing nothing."""
+        table = self.adapter.table
+        try:
+            with self.engine.connect() as conn:
+                exists = inspect(conn).has_table(table.name, schema=table.schema)
+        except DBAPIError as exc:
+            if self.burst or not _is_disconnect(exc):
+                raise self._database_error(exc) from exc
+            logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
+            return
+        if not exists:
+            raise ConfigurationError(
+                f"the queue table {self.adapter.qualified_name} does not exist in "
+                f"{self.engine.url.render_as_string(hide_password=True)}: create it "
+                "(Base.metadata.create_all(engine), or a migration) or check the URL"
+            )
 
     def stop(self) -> None:
         """Finish running tasks, hand back the rest, and return from run()."""
@@ -204,13 +226,16 @@ class Runner:
             except DBAPIError as exc:
                 if self.adapter.is_transient(exc):
                     # a deadlock or a lock timeout: the batch was handed back
-                    logger.warning("lane %d: %s; retrying", index, redact(str(exc.orig)))
+                    logger.warning("lane %d: %s; retrying", index, _describe(exc))
                     continue
-                if self.burst:
+                if self.burst or not _is_disconnect(exc):
+                    # a missing table, a permission: retrying cannot help
                     self._errors.append(exc)
                     self.stop()
                     return
-                logger.warning("lane %d lost the database (%s); reconnecting", index, exc)
+                logger.warning(
+                    "lane %d lost the database (%s); reconnecting", index, _describe(exc)
+                )
                 self.stopping.wait(RECONNECT_DELAY_SECONDS)
             except BaseException as exc:
                 logger.exception("lane %d crashed", index)
@@ -245,7 +270,11 @@ class Runner:
                         continue
                     return
                 else:
-                    self.wake.wait(self._idle_timeout(claim_conn))
+                    timeout = self._idle_timeout(claim_conn)
+                    if index == 0 and not self._trimmed:
+                        self._trimmed = True
+                        _return_free_memory()
+                    self.wake.wait(timeout)
 
     def _promote(self, claim_conn: Any) -> int:
         self._promote_at = time.monotonic() + PROMOTE_EVERY_SECONDS
@@ -285,3 +314,26 @@ def _invalidated_on_error(conn: Connection) -> Iterator[None]:
     except BaseException:
         conn.invalidate()
         raise
+
+
+def _is_disconnect(exc: DBAPIError) -> bool:
+    """The connection is gone or was refused: worth reconnecting."""
+    return bool(exc.connection_invalidated) or isinstance(exc, (OperationalError, InterfaceError))
+
+
+def _describe(exc: DBAPIError) -> str:
+    """The driver's error on one line, without SQL or parameters."""
+    text = redact(str(exc.orig if exc.orig is not None else exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _return_free_memory() -> None:
+    """Give the C heap's free pages back to the system, once, when the worker
+    first goes idle: start-up (imports, the first connections) leaves a few
+    hundred kilobytes that glibc would otherwise keep in an idle worker's RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
