@@ -50,13 +50,13 @@ class Noop(WorkerBase):
         return None
 
 
-def _preload(engine: Any, n: int, status: str) -> None:
+def _preload(engine: Any, n: int, status: str, process: str) -> None:
     with engine.begin() as conn:
         conn.execute(
             text(
                 f"INSERT INTO {TABLE} (processo, payload, payload_hash, status, prioridade, "
                 "mensagem, data_hora, data_hora_inicial) "
-                "SELECT 'noop', '{\"n\": ' || g || '}', "
+                "SELECT CAST(:process AS varchar), '{\"n\": ' || g || '}', "
                 "convert_to(md5(g::text) || md5(g::text), 'UTF8'), CAST(:status AS varchar), 50, "
                 "CAST(:message AS varchar), "
                 "clock_timestamp() - (g % 5000000) * interval '1 second', "
@@ -66,17 +66,24 @@ def _preload(engine: Any, n: int, status: str) -> None:
             {
                 "n": n,
                 "status": status,
+                "process": process,
                 "message": "Concluído com sucesso" if status == "sucesso" else None,
             },
         )
 
 
+def _vacuum(engine: Any) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+
+
 def _processing_rate(engine: Any, url: str, n: int) -> float:
+    """One burst worker processes n fresh 'run' tasks; the same conditions
+    (a vacuumed, analysed table) with and without the finished rows."""
     with engine.begin() as conn:
-        conn.execute(text(f"DELETE FROM {TABLE} WHERE status <> 'sucesso' OR processo = 'run'"))
-    _preload(engine, n, "pendente")
-    with engine.begin() as conn:
-        conn.execute(text(f"UPDATE {TABLE} SET processo = 'run' WHERE status = 'pendente'"))
+        conn.execute(text(f"DELETE FROM {TABLE} WHERE processo = 'run'"))
+    _preload(engine, n, "pendente", "run")
+    _vacuum(engine)
     started = time.perf_counter()
     Noop().run(url, burst=True)
     seconds = time.perf_counter() - started
@@ -165,9 +172,8 @@ def main() -> int:
     try:
         result["empty"] = [_processing_rate(engine, url, args.tasks) for _ in range(args.reps)]
         started = time.perf_counter()
-        _preload(engine, args.finished, "sucesso")
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
+        _preload(engine, args.finished, "sucesso", "noop")
+        _vacuum(engine)
         result["fill_seconds"] = time.perf_counter() - started
         result["finished_rows"] = args.finished
         result["full"] = [_processing_rate(engine, url, args.tasks) for _ in range(args.reps)]

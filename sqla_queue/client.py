@@ -128,33 +128,54 @@ _PENDING = Status.PENDING.value
 
 
 class QueueClient:
-    """Enqueue on ``bd_conn`` (a Session or a Connection) into ``queue_table``
-    (a model, a Table, or a table name, optionally ``schema.table``)."""
+    """Enqueue on ``session_or_connection`` (a Session or a Connection) into
+    ``table`` (a model, a Table, or a table name, optionally ``schema.table``).
+
+    nsj-queue-lib's keyword names ``bd_conn``, ``queue_table`` and
+    ``queue_subscriber_table`` are accepted too, so its calls port unchanged."""
 
     _adapters: ClassVar[dict[tuple[str, int], Adapter]] = {}
 
     def __init__(
         self,
-        bd_conn: Session | Connection,
-        queue_table: str | type[QueueMixin] | Table,
+        session_or_connection: Session | Connection | None = None,
+        table: str | type[QueueMixin] | Table | None = None,
+        subscriber_table: str | None = None,
+        *,
+        bd_conn: Session | Connection | None = None,
+        queue_table: str | type[QueueMixin] | Table | None = None,
         queue_subscriber_table: str | None = None,
     ) -> None:
-        if not isinstance(bd_conn, (Session, Connection)):
+        conn = _one_of("session_or_connection", session_or_connection, "bd_conn", bd_conn)
+        queue: str | type[QueueMixin] | Table | None = _one_of(
+            "table", table, "queue_table", queue_table
+        )
+        subscribers = _one_of(
+            "subscriber_table", subscriber_table, "queue_subscriber_table", queue_subscriber_table
+        )
+        if conn is None or queue is None:
+            raise TypeError("QueueClient() needs a Session or Connection and a queue table")
+        if not isinstance(conn, (Session, Connection)):
             raise ConfigurationError(
                 "QueueClient needs a SQLAlchemy Session or Connection, "
-                f"not {type(bd_conn).__module__}.{type(bd_conn).__qualname__}"
+                f"not {type(conn).__module__}.{type(conn).__qualname__}"
             )
-        self.bd_conn = bd_conn
-        self.table = resolve_table(queue_table)
-        if queue_subscriber_table is not None:
-            split_table_name(queue_subscriber_table)
-        self.subscriber_table = queue_subscriber_table
+        self.session_or_connection = conn
+        self.table = resolve_table(queue)
+        if subscribers is not None:
+            split_table_name(subscribers)
+        self.subscriber_table = subscribers
+
+    @property
+    def bd_conn(self) -> Session | Connection:
+        """nsj-queue-lib's name for :attr:`session_or_connection`."""
+        return self.session_or_connection
 
     @property
     def connection(self) -> Connection:
-        if isinstance(self.bd_conn, Session):
-            return self.bd_conn.connection()
-        return self.bd_conn
+        if isinstance(self.session_or_connection, Session):
+            return self.session_or_connection.connection()
+        return self.session_or_connection
 
     def _adapter(self, conn: Connection) -> Adapter:
         key = (conn.dialect.name, id(self.table))
@@ -227,3 +248,9 @@ class QueueClient:
             criteria.append(c[column].is_(None) if value is None else c[column] == value)
         rows = self.connection.execute(select(self.table).where(*criteria).order_by(c.id))
         return TaskRecord.from_rows(list(rows.keys()), rows.all())
+
+
+def _one_of(name: str, value: Any, seed_name: str, seed_value: Any) -> Any:
+    if value is not None and seed_value is not None:
+        raise TypeError(f"QueueClient() got both {name} and {seed_name} (one parameter)")
+    return value if value is not None else seed_value

