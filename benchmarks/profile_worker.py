@@ -1,11 +1,12 @@
 """Where a worker's time goes: processing N pre-loaded no-op tasks in burst mode.
 
     .venv/bin/pip install py-spy
-    .venv/bin/py-spy record --rate 250 --format raw -o /tmp/worker.folded -- \
+    .venv/bin/py-spy record --idle --rate 250 --format raw -o /tmp/worker.folded -- \
         .venv/bin/python benchmarks/profile_worker.py [--url URL] [--tasks 20000]
     .venv/bin/python benchmarks/profile_worker.py --summarise /tmp/worker.folded
 
-py-spy samples every thread (the lanes are threads); ``--summarise`` folds
+py-spy samples every thread (the lanes are threads; ``--idle`` keeps the
+samples of a thread blocked on the socket); ``--summarise`` folds
 the samples into shares of the lane's time: waiting on the database, the
 driver, SQLAlchemy Core, the ORM Session given to handlers, sqla-queue.
 """
@@ -44,7 +45,9 @@ class Noop(WorkerBase):
 
 # the first matching rule names a sample's category (checked from the leaf up)
 CATEGORIES = [
-    ("waiting on the database (socket)", ("wait_c", "psycopg/waiting", "select.poll", "poll (")),
+    # psycopg's wait() blocks in C on the socket: a leaf there is time spent
+    # waiting for the server (the round trips, the server's work, the fsync)
+    ("waiting on the database (socket)", ("wait (psycopg/connection.py", "psycopg/waiting")),
     ("psycopg (driver)", ("psycopg/",)),
     ("sqla_queue: manager/adapter/records", ("sqla_queue/",)),
     ("SQLAlchemy ORM Session (per task)", ("sqlalchemy/orm/",)),

@@ -13,6 +13,8 @@
 # 4. the harness's report.py over results/peers -> benchmarks/results/RESULTS.md
 # 5. benchmarks/growth.py: (e) claim rate with 5M finished rows, idle worker
 #    -> benchmarks/results/growth.json
+# 6. benchmarks/targets.py: issue 4's targets -> benchmarks/results/TARGETS.md
+# 7. benchmarks/enqueue_floor.py: one enqueue layer by layer -> results/enqueue_floor.md
 #
 # The harness's JSON files live in results/peers/ because report.py reads every
 # *.json in its folder as a peer (own_dialects.json, growth.json would break it).
@@ -26,6 +28,7 @@
 #                                 scale options for driver.py, also given to own_dialects.py
 #   SKIP_CLIENT=1 SKIP_OWN=1      skip step 2 / step 3
 #   SKIP_GROWTH=1                 skip step 5; GROWTH_FINISHED=n finished rows (default 5M)
+#   SKIP_FLOOR=1                  skip step 7
 #   OWN_ARGS="--dialects sqlite"  more own_dialects.py options (--poll-interval, --mysql-url)
 #   BENCH_HARNESS=/path/to/bench  the harness (default: ../shared/bench from the repo root)
 #   RESULTS=dir                   output folder (default: benchmarks/results)
@@ -102,4 +105,14 @@ if [ -z "${SKIP_GROWTH:-}" ]; then
   "$PY" benchmarks/growth.py --results "$RESULTS" --reps "$REPS" \
     --finished "${GROWTH_FINISHED:-5000000}" \
     || log "growth.py failed (see above)"
+fi
+
+# 6. the issue's targets, from the files above
+python3 benchmarks/targets.py --results "$RESULTS" > "$RESULTS/TARGETS.md" || true
+cat "$RESULTS/TARGETS.md"
+
+# 7. one enqueue, layer by layer: driver, SQLAlchemy Core, ORM, sqla-queue
+if [ -z "${SKIP_FLOOR:-}" ]; then
+  log "enqueue floor"
+  "$PY" benchmarks/enqueue_floor.py > "$RESULTS/enqueue_floor.md" || log "enqueue_floor.py failed"
 fi
