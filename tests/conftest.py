@@ -179,3 +179,50 @@ def spawn_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+# The seed's columns in the reference DDL's order (nsj-reference.md §1): written
+# out here, not taken from the library, so the tests check the library against it.
+SEED_COLUMNS = [
+    "id",
+    "id_inicial",
+    "data_hora_inicial",
+    "data_hora",
+    "origem",
+    "destino",
+    "processo",
+    "chave_externa",
+    "proxima_tentativa",
+    "tentativa",
+    "status",
+    "reenfileirado",
+    "estouro_tentativas",
+    "mensagem",
+    "id_anterior",
+    "data_hora_anterior",
+    "status_anterior",
+    "mensagem_anterior",
+    "payload",
+    "tenant",
+    "grupo_empresarial",
+    "payload_hash",
+    "pub_sub",
+    "publication_id",
+    "subscriber_id",
+    "dead",
+    "live_id",
+    "prioridade",
+]
+
+
+def lock_waits(engine: Engine, table_name: str) -> int:
+    """Statements on ``table_name`` waiting for an InnoDB row lock. InnoDB
+    refreshes this view only after 0.1 s without reads: poll it slower."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"
+            ),
+            {"pattern": f"%{table_name}%"},
+        ).scalar_one()

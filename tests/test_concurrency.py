@@ -24,7 +24,7 @@ from sqla_queue import QueueClient
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
 from tests.app import App
-from tests.conftest import run_cli, spawn_cli, wait_until
+from tests.conftest import lock_waits, run_cli, spawn_cli, wait_until
 
 RECORDING = "tests.app:RecordingWorker"
 BLOCKING = "tests.app:BlockingWorker"
@@ -146,19 +146,6 @@ def task_lock_is_free(engine: Engine, app: App, task_id: int) -> bool:
             return held == 0
         name = adapter._lock_name(task_id)  # type: ignore[attr-defined]
         return conn.execute(text("SELECT IS_FREE_LOCK(:name)"), {"name": name}).scalar() == 1
-
-
-def lock_waits(engine: Engine, table_name: str) -> int:
-    """Statements on ``table_name`` waiting for an InnoDB row lock. InnoDB
-    refreshes this view only after 0.1 s without reads: poll it slower."""
-    with engine.connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT count(*) FROM information_schema.INNODB_TRX "
-                "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"
-            ),
-            {"pattern": f"%{table_name}%"},
-        ).scalar_one()
 
 
 # --------------------------------------------------------------------- many workers

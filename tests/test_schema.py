@@ -21,38 +21,8 @@ from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
 from sqla_queue import ConfigurationError, InvalidIdentifierError, QueueClient, QueueMixin
 from tests.app import App
-from tests.conftest import server_url
+from tests.conftest import SEED_COLUMNS, server_url
 
-SEED_COLUMNS = [
-    "id",
-    "id_inicial",
-    "data_hora_inicial",
-    "data_hora",
-    "origem",
-    "destino",
-    "processo",
-    "chave_externa",
-    "proxima_tentativa",
-    "tentativa",
-    "status",
-    "reenfileirado",
-    "estouro_tentativas",
-    "mensagem",
-    "id_anterior",
-    "data_hora_anterior",
-    "status_anterior",
-    "mensagem_anterior",
-    "payload",
-    "tenant",
-    "grupo_empresarial",
-    "payload_hash",
-    "pub_sub",
-    "publication_id",
-    "subscriber_id",
-    "dead",
-    "live_id",
-    "prioridade",
-]
 # nsj-reference.md §1, as PostgreSQL reports the reference DDL
 REFERENCE_PG_TYPES = {
     "id": ("bigint", None),

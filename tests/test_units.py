@@ -23,37 +23,8 @@ from sqla_queue.redaction import MASK, fit_message, redact
 from sqla_queue.retry import LinearBackoff
 from sqla_queue.settings import Settings
 from sqla_queue.worker.runner import BatchLimit
+from tests.conftest import SEED_COLUMNS
 
-SEED_COLUMNS = [
-    "id",
-    "id_inicial",
-    "data_hora_inicial",
-    "data_hora",
-    "origem",
-    "destino",
-    "processo",
-    "chave_externa",
-    "proxima_tentativa",
-    "tentativa",
-    "status",
-    "reenfileirado",
-    "estouro_tentativas",
-    "mensagem",
-    "id_anterior",
-    "data_hora_anterior",
-    "status_anterior",
-    "mensagem_anterior",
-    "payload",
-    "tenant",
-    "grupo_empresarial",
-    "payload_hash",
-    "pub_sub",
-    "publication_id",
-    "subscriber_id",
-    "dead",
-    "live_id",
-    "prioridade",
-]
 # sha256("conteúdo"), as nsj-queue-lib stored it (nsj-reference.md §3, OBS)
 CONTEUDO_HASH = b"0263637886787eeaa9529fecbc8e63beda6bad2ef5e61c349ff719aad84075b8"
 # printf '{"a": 1}' | sha256sum

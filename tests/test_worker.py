@@ -27,7 +27,6 @@ from sqlalchemy import (
     func,
     insert,
     select,
-    text,
 )
 from sqlalchemy.orm import Session
 
@@ -36,7 +35,7 @@ from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
 from tests.app import App
-from tests.conftest import wait_until
+from tests.conftest import lock_waits, wait_until
 
 SUCCESS = "Concluído com sucesso"
 FAILURE = "ValueError: handler failed on purpose"
@@ -521,17 +520,6 @@ def test_tasks_inserted_by_queue_client_are_processed(engine: Engine, app: App) 
 
 
 # --------------------------------------------------------------------- races, step by step
-def lock_waits(engine: Engine, table_name: str) -> int:
-    """Statements on ``table_name`` waiting for an InnoDB row lock. InnoDB
-    refreshes this view only after 0.1 s without reads: poll it slower."""
-    with engine.connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT count(*) FROM information_schema.INNODB_TRX "
-                "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :pattern"
-            ),
-            {"pattern": f"%{table_name}%"},
-        ).scalar_one()
 
 
 @pytest.mark.parametrize(
