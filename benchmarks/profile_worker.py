@@ -17,31 +17,13 @@ import argparse
 import collections
 import sys
 import time
-from typing import Any
 
+# the growth benchmark's queue model and no-op worker (this script's folder
+# is on sys.path when it runs as a script)
+from growth import TABLE, Base, Noop  # type: ignore[import-not-found]
 from sqlalchemy import create_engine, text
-from sqlalchemy.orm import DeclarativeBase
 
-from sqla_queue import QueueMixin, WorkerBase
 from sqla_queue.settings import normalize_url
-
-TABLE = "bench_profile"
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Task(QueueMixin, Base):
-    __tablename__ = TABLE
-
-
-class Noop(WorkerBase):
-    model = Task
-
-    def execute(self, payload: Any, task: Any, session: Any) -> None:
-        return None
-
 
 # the first matching rule names a sample's category (checked from the leaf up)
 CATEGORIES = [

@@ -112,7 +112,8 @@ class MySQLAdapter(Adapter):
             return []
         locked = self._get_locks(conn, [row.id for row in rows])
         try:
-            rows = [row for row in rows if row.id in set(locked)]
+            ours = set(locked)
+            rows = [row for row in rows if row.id in ours]
             if rows:
                 conn.execute(self._mark_processing, {"ids": [row.id for row in rows]})
             return self._records(keys, rows, conn)
