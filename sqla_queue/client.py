@@ -83,17 +83,37 @@ def resolve_table(name: str | type[QueueMixin] | Table) -> Table:
 _KEYS = {**{name: name for name in _SEED_PARAMETERS}, **_ALIASES}
 
 
+# seed names for each key tuple seen in a mapping (bounded: key tuples are few)
+_NAME_PLANS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def _seed_names(keys: tuple[Any, ...]) -> tuple[str, ...]:
+    names = _NAME_PLANS.get(keys)
+    if names is None:
+        try:
+            names = tuple(_KEYS[key] for key in keys)
+        except KeyError as exc:
+            raise TypeError(f"unexpected argument {exc.args[0]!r}") from None
+        if len(set(names)) < len(names):
+            raise TypeError(
+                "an argument is given twice (seed and English names name one parameter)"
+            )
+        if len(_NAME_PLANS) < 1024:
+            _NAME_PLANS[keys] = names
+    return names
+
+
 def _normalise(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Seed parameter names for positional and keyword (seed or English) values."""
     if len(args) > len(_SEED_PARAMETERS):
         raise TypeError(f"at most {len(_SEED_PARAMETERS)} positional arguments")
-    try:
-        values = {_KEYS[key]: value for key, value in kwargs.items()}
-    except KeyError as exc:
-        raise TypeError(f"unexpected argument {exc.args[0]!r}") from None
-    if len(values) < len(kwargs) or any(name in values for name in _SEED_PARAMETERS[: len(args)]):
-        raise TypeError("an argument is given twice (seed and English names name one parameter)")
-    values.update(zip(_SEED_PARAMETERS, args, strict=False))
+    values = dict(zip(_seed_names(tuple(kwargs)), kwargs.values(), strict=True))
+    if args:
+        if any(name in values for name in _SEED_PARAMETERS[: len(args)]):
+            raise TypeError(
+                "an argument is given twice (seed and English names name one parameter)"
+            )
+        values.update(zip(_SEED_PARAMETERS, args, strict=False))
     return values
 
 
@@ -190,7 +210,9 @@ class QueueClient:
         """Enqueue one task; returns its id. Parameters: ``origem, destino,
         processo, chave_externa, payload, tenant=None, grupo_empresarial=None,
         data_hora=None, prioridade=None`` (or their English names)."""
-        return self.insert_tasks([_normalise(args, kwargs)])[0]
+        row = _task_row(_normalise(args, kwargs), pub_sub=False, now=utcnow())
+        conn = self.connection
+        return self._adapter(conn).task_insert_one(conn, row=row)
 
     def insert_tasks(
         self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool = False
@@ -213,6 +235,8 @@ class QueueClient:
         conn = self.connection
         adapter = self._adapter(conn)
         insert_many = adapter.task_copy_many if copy else adapter.task_insert_many
+        if not any("data_hora" in row for row in rows):
+            return insert_many(conn, rows=rows) if rows else []
         ids: list[int] = [0] * len(rows)
         # rows with and without data_hora are inserted apart (same keys per statement)
         for scheduled in (False, True):

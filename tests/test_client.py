@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text, update
-from sqlalchemy.orm import DeclarativeBase, Session
+from sqlalchemy import Connection, Engine, String, create_engine, event, func, select, text, update
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import (
     ConfigurationError,
@@ -26,6 +27,7 @@ from sqla_queue import (
     TaskRecord,
     UnsupportedOperationError,
 )
+from sqla_queue.adapters.postgresql import PostgresAdapter
 from tests.app import App
 from tests.conftest import server_url
 
@@ -327,6 +329,167 @@ def test_insert_tasks_with_nothing_inserts_nothing(engine: Engine, app: App) -> 
     with engine.begin() as conn:
         assert QueueClient(conn, app.Task).insert_tasks([]) == []
     assert _count(engine, app) == 0
+
+
+# ------------------------------------------- the driver-level fast paths
+# insert_task runs SQLAlchemy's compiled INSERT on the DBAPI cursor, and
+# insert_tasks on PostgreSQL switches to COPY from COPY_THRESHOLD rows; both
+# only while nothing watches the connection's statements.
+mysql_and_postgresql = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
+
+
+def test_insert_task_autobegins_like_conn_execute(engine: Engine, app: App) -> None:
+    with engine.connect() as conn:
+        task_id = QueueClient(conn, app.Task).insert_task(process="p", payload={"k": 1})
+        assert conn.in_transaction()
+        conn.commit()
+    assert _row(engine, app, task_id)["payload"] == '{"k": 1}'
+
+
+def test_insert_task_is_seen_by_statement_listeners(engine: Engine, app: App) -> None:
+    seen: list[str] = []
+    with engine.begin() as conn:
+        client = QueueClient(conn, app.Task)
+        quiet_id = client.insert_task(process="quiet")
+        adapter = client._adapter(conn)
+        assert any(adapter._direct_inserts.values())  # the cursor path was taken
+
+        @event.listens_for(conn, "before_cursor_execute")
+        def _seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            seen.append(statement)
+
+        watched_id = client.insert_task(process="watched")
+    assert [s for s in seen if s.startswith("INSERT INTO")], seen
+    assert [_row(engine, app, i)["processo"] for i in (quiet_id, watched_id)] == [
+        "quiet",
+        "watched",
+    ]
+
+
+@sqlite_only
+def test_insert_task_is_logged_by_echo(
+    db_url: str, app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = create_engine(db_url, echo=True)
+    app.Base.metadata.create_all(engine)
+    try:
+        with caplog.at_level("INFO", logger="sqlalchemy.engine"), engine.begin() as conn:
+            QueueClient(conn, app.Task).insert_task(process="logged")
+    finally:
+        engine.dispose()
+    assert any(r.getMessage().startswith("INSERT INTO") for r in caplog.records)
+
+
+@mysql_and_postgresql
+def test_insert_task_errors_are_sqlalchemy_errors(engine: Engine, app: App) -> None:
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        with pytest.raises(DBAPIError) as info:
+            client.insert_task(process="p" * 251)  # varchar(250)
+        assert not info.value.connection_invalidated
+        conn.rollback()
+        task_id = client.insert_task(process="after")  # the connection still works
+        conn.commit()
+    assert _row(engine, app, task_id)["processo"] == "after"
+    assert _count(engine, app) == 1
+
+
+@postgresql_only
+def test_insert_task_on_a_dead_connection_invalidates_it(engine: Engine, app: App) -> None:
+    with engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        conn.commit()
+        with engine.connect() as other:
+            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+        with pytest.raises(DBAPIError) as info:
+            QueueClient(conn, app.Task).insert_task(process="p")
+        assert info.value.connection_invalidated
+        assert conn.invalidated
+        conn.rollback()
+        # the pool hands out a new connection, and the next insert works
+        task_id = QueueClient(conn, app.Task).insert_task(process="again")
+        conn.commit()
+    assert _row(engine, app, task_id)["processo"] == "again"
+
+
+def test_insert_task_applies_python_defaults(tmp_path: Any, table_name: str) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = table_name
+        constant: Mapped[str] = mapped_column(String(10), default="fixed")
+
+    class Computed(QueueMixin, Base):
+        __tablename__ = table_name + "_c"
+        computed: Mapped[str] = mapped_column(String(40), default=lambda: "from a callable")
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'defaults.db'}")
+    Base.metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            constant_id = QueueClient(conn, Task).insert_task(process="p")
+            computed_id = QueueClient(conn, Computed).insert_task(process="p")
+        with engine.connect() as conn:
+            constant = conn.execute(select(Task.constant).where(Task.id == constant_id))
+            computed = conn.execute(select(Computed.computed).where(Computed.id == computed_id))
+            assert (constant.scalar_one(), computed.scalar_one()) == ("fixed", "from a callable")
+    finally:
+        engine.dispose()
+
+
+def test_insert_tasks_over_the_copy_threshold(engine: Engine, app: App) -> None:
+    count = PostgresAdapter.COPY_THRESHOLD + 6
+    future = (dt.datetime.now(UTC) + dt.timedelta(hours=1)).replace(microsecond=0)
+    tasks: list[dict[str, Any]] = [
+        {
+            "process": "p",
+            "external_key": str(i) if i % 2 else None,
+            "payload": {"i": i} if i % 5 else None,
+            **({"run_at": future} if i % 7 == 3 else {}),
+        }
+        for i in range(count)
+    ]
+    with engine.begin() as conn:
+        ids = QueueClient(conn, app.Task).insert_tasks(tasks)
+    rows = [_row(engine, app, task_id) for task_id in ids]
+    assert len(set(ids)) == count
+    assert [
+        (r["chave_externa"], r["payload"], r["status"], r["tenant"], r["prioridade"]) for r in rows
+    ] == [
+        (
+            str(i) if i % 2 else None,
+            f'{{"i": {i}}}' if i % 5 else None,
+            "agendada" if i % 7 == 3 else "pendente",
+            None,
+            50,
+        )
+        for i in range(count)
+    ]
+    assert [r["payload_hash"] is None for r in rows] == [i % 5 == 0 for i in range(count)]
+
+
+@postgresql_only
+def test_insert_tasks_uses_copy_only_when_unobserved(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied: list[int] = []
+    original = PostgresAdapter.task_copy_many
+
+    def spy(self: PostgresAdapter, conn: Connection, *, rows: Any) -> list[int]:
+        copied.append(len(rows))
+        return original(self, conn, rows=rows)
+
+    monkeypatch.setattr(PostgresAdapter, "task_copy_many", spy)
+    threshold = PostgresAdapter.COPY_THRESHOLD
+    with engine.begin() as conn:
+        client = QueueClient(conn, app.Task)
+        client.insert_tasks([{"process": "small"}] * (threshold - 1))
+        client.insert_tasks([{"process": "big"}] * threshold)
+        event.listen(conn, "before_cursor_execute", lambda *args: None)
+        client.insert_tasks([{"process": "watched"}] * threshold)
+    assert copied == [threshold]
+    assert _count(engine, app) == 3 * threshold - 1
 
 
 # ------------------------------------------------- list_equivalent_task

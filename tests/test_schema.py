@@ -14,7 +14,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine, create_mock_engine, inspect, make_url, text
+from sqlalchemy import (
+    Engine,
+    create_engine,
+    create_mock_engine,
+    event,
+    inspect,
+    make_url,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Session
 from sqlalchemy.schema import CreateTable
 from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
@@ -177,8 +185,31 @@ def test_postgresql_partial_indexes(engine: Engine, table_name: str) -> None:
             f"WHERE ((status)::text = '{status}'::text)"
         )
     assert "(prioridade DESC, data_hora, id)" in rows[f"ix_{table_name}_pendente"]
-    assert " WHERE " not in rows[f"ix_{table_name}_equivalente"]
-    assert "(chave_externa, payload_hash, status)" in rows[f"ix_{table_name}_equivalente"]
+    assert rows[f"ix_{table_name}_equivalente"].endswith(
+        "(chave_externa, payload_hash, status) WHERE (payload_hash IS NOT NULL)"
+    )
+    assert "USING brin (data_hora)" in rows[f"ix_{table_name}_data_hora"]
+
+
+@postgresql_only
+def test_equivalence_lookup_can_use_its_partial_index(engine: Engine, app: App) -> None:
+    # the lookup's "payload_hash = :h" implies the partial index's "IS NOT NULL"
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        seen.append((statement, params))
+
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        client.insert_task("o", "d", "p", "k", {"a": 1})
+        event.listen(conn, "before_cursor_execute", capture)
+        assert len(client.list_equivalent_task("o", "d", "p", "k", {"a": 1})) == 1
+        event.remove(conn, "before_cursor_execute", capture)
+        statement, params = seen[-1]
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + statement, params))
+        conn.rollback()
+    assert f"ix_{app.Task.__tablename__}_equivalente" in plan, plan
 
 
 def test_sqlite_partial_indexes(tmp_path: Any, app: App, table_name: str) -> None:

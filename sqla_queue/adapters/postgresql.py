@@ -40,9 +40,10 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.visitors import InternalTraversal
 
+from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter, Listener
+from .base import Adapter, Listener, statements_unobserved
 
 logger = logging.getLogger("sqla_queue.postgresql")
 
@@ -80,6 +81,9 @@ class PostgresAdapter(Adapter):
 
     #: deadlock_detected, serialization_failure, lock_not_available
     TRANSIENT_SQLSTATES: ClassVar[frozenset[str]] = frozenset({"40P01", "40001", "55P03"})
+    #: from this many rows insert_tasks uses COPY: its id prefetch costs one
+    #: round trip more, which COPY wins back from about 50 rows with payloads
+    COPY_THRESHOLD: ClassVar[int] = 64
 
     def is_transient(self, exc: BaseException) -> bool:
         sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
@@ -159,33 +163,49 @@ class PostgresAdapter(Adapter):
         return statement
 
     def task_insert_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
-        """One ``INSERT ... SELECT * FROM unnest(arrays)``: a short statement
-        whatever the number of rows (a VALUES list of thousands of parameters
-        costs more to build and parse than to run)."""
+        """From COPY_THRESHOLD rows on psycopg, COPY (see task_copy_many),
+        unless something watches the connection's statements; else one
+        ``INSERT ... SELECT * FROM unnest(arrays)``: a short statement
+        whatever the number of rows (a VALUES list of thousands of
+        parameters costs more to build and parse than to run)."""
+        if (
+            len(rows) >= self.COPY_THRESHOLD
+            and self._can_copy(conn)
+            and statements_unobserved(conn)
+        ):
+            return self.task_copy_many(conn, rows=rows)
         if len(rows) < 2:
             return super().task_insert_many(conn, rows=rows)
-        columns = tuple(rows[0])
-        values = {f"c{i}": [row[name] for row in rows] for i, name in enumerate(columns)}
-        ids = conn.execute(self._unnest_insert(columns), values).scalars().all()
+        columns = self._columns_of(rows)
+        values = {f"c{i}": column for i, column in enumerate(columns.values())}
+        ids = conn.execute(self._unnest_insert(tuple(columns)), values).scalars().all()
         # ids come from the sequence in the order unnest produced the rows
         return sorted(ids)
 
     def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """Bulk insert with COPY: ids are drawn from the sequence first, so
         they are known and returned in order."""
+        if not self._can_copy(conn):
+            raise UnsupportedOperationError(
+                f"COPY needs the psycopg (3) driver, not {conn.dialect.driver}; use insert_tasks"
+            )
         if not rows:
             return []
         ids = sorted(conn.execute(self._next_ids, {"n": len(rows)}).scalar_one())
-        columns = tuple(rows[0])
+        columns = self._columns_of(rows)
         names = ", ".join(f'"{name}"' for name in ("id", *columns))
         cursor = conn.connection.cursor()
         try:
             with cursor.copy(f"COPY {self._quoted()} ({names}) FROM STDIN") as copy:
-                for task_id, row in zip(ids, rows, strict=True):
-                    copy.write_row((task_id, *[row[name] for name in columns]))
+                for row in zip(ids, *columns.values(), strict=True):
+                    copy.write_row(row)
         finally:
             cursor.close()
         return ids
+
+    @staticmethod
+    def _can_copy(conn: Connection) -> bool:
+        return conn.dialect.driver == "psycopg"
 
     def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
         result = conn.execute(self._claim, {"limit": limit})
