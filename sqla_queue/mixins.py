@@ -66,6 +66,12 @@ class QueueMixin:
     """Columns of a queue table (one row per attempt)."""
 
     __queue_channel__: ClassVar[str | None] = None
+    # An INSERT returns the id only; the server defaults (data_hora, tentativa,
+    # prioridade...) load on first access. Fetching them with RETURNING cost
+    # ~90 us per ORM enqueue, for values a task is rarely read back for before
+    # its commit expires them anyway. A model that sets its own
+    # __mapper_args__ can put "eager_defaults" back.
+    __mapper_args__: ClassVar[dict[str, Any]] = {"eager_defaults": False}
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 

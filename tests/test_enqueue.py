@@ -339,6 +339,20 @@ def test_priority_defaults_to_50(engine: Engine, app: App, installed: None) -> N
     ]
 
 
+def test_server_defaults_load_on_access_after_flush(
+    engine: Engine, app: App, installed: None
+) -> None:
+    # the INSERT returns only the id (eager_defaults=False); the rest loads on access
+    with Session(engine) as s, s.begin():
+        task = app.Task(process="p", payload={"k": 1})
+        s.add(task)
+        s.flush()
+        assert "run_at" not in task.__dict__
+        assert (task.attempt, task.priority, task.requeued, task.dead) == (1, 50, False, False)
+        assert task.run_at is not None and task.run_at == task.first_run_at
+        assert task.status == "pendente"
+
+
 def test_plain_sql_insert_gets_the_seed_defaults(engine: Engine, app: App) -> None:
     with engine.begin() as conn:
         conn.execute(
