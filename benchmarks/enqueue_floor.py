@@ -1,4 +1,5 @@
-"""Where the time of one transactional enqueue goes, on PostgreSQL.
+"""Where the time of an enqueue goes, on PostgreSQL: one task per
+transaction (target a), then 1,000 per transaction (target b).
 
     python benchmarks/enqueue_floor.py [--url URL] [--n 3000] [--reps 3]
 
@@ -7,12 +8,23 @@ times, after a warm-up; the median of --reps runs, in jobs/s and in
 microseconds per job. From the bare driver up to the ORM path, so the cost
 of each layer shows as a difference between two lines:
 
+  psycopg, empty transaction BEGIN; SELECT 1; COMMIT: three round trips, no WAL flush
   psycopg, plain table       the floor: three round trips and a commit
   psycopg, queue table       + the queue table's indexes and NOTIFY trigger
   SQLAlchemy Core, plain     + SQLAlchemy's Connection and compiled-statement cache
   SQLAlchemy ORM, plain      + the ORM unit of work (a 3-column model)
   QueueClient.insert_task    sqla-queue's Core path on the queue table
   ORM Task (sqla-queue)      sqla-queue's ORM path (flush hook, 27 columns)
+
+The bulk table, in rows per second for chunks of 1,000 rows:
+
+  COPY, unlogged table without indexes   the client and protocol floor
+  COPY, queue table                      + the heap, WAL, indexes and trigger
+                                         (ids drawn from the sequence first)
+  copy_tasks / insert_tasks              sqla-queue (insert_tasks is COPY from
+                                         COPY_THRESHOLD rows on psycopg)
+  insert_tasks as INSERT ... unnest      the path below the threshold or when
+                                         statements are watched
 """
 
 from __future__ import annotations
@@ -22,13 +34,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from sqlalchemy import BigInteger, String, create_engine
+from sqlalchemy import BigInteger, Connection, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sqla_queue
 from sqla_queue import QueueClient, QueueMixin
+from sqla_queue.adapters.postgresql import PostgresAdapter
 from sqla_queue.settings import normalize_url
 
 
@@ -57,6 +71,15 @@ def rate(job: Callable[[int], None], n: int, reps: int) -> float:
             job(i)
         rates.append(n / (time.perf_counter() - started))
     return statistics.median(rates)
+
+
+BULK_CHUNK = 1000
+_COPY_COLUMNS = "id, processo, prioridade, pub_sub, status"
+
+
+def bulk_rate(chunk: Callable[[], None], chunks: int, reps: int) -> float:
+    """Rows per second, BULK_CHUNK rows per call of ``chunk``."""
+    return rate(lambda _: chunk(), chunks, reps) * BULK_CHUNK
 
 
 def main() -> int:
@@ -101,7 +124,12 @@ def main() -> int:
         with Session(bind=conn) as s, s.begin():
             s.add(Task(process="noop", payload=i))
 
+    def empty_transaction(i: int) -> None:
+        with raw.transaction():
+            raw.execute("SELECT 1").fetchone()
+
     jobs = [
+        ("psycopg, empty transaction", empty_transaction),
         ("psycopg, plain table", driver(Plain.__tablename__)),
         ("psycopg, queue table", driver(Task.__tablename__)),
         ("SQLAlchemy Core, plain table", core_plain),
@@ -114,11 +142,71 @@ def main() -> int:
         for label, job in jobs:
             jobs_per_s = rate(job, args.n, args.reps)
             print(f"| {label} | {jobs_per_s:,.0f} | {1e6 / jobs_per_s:,.0f} |")
+        print()
+        bulk(raw, conn, args)
     finally:
         raw.close()
         conn.close()
         Base.metadata.drop_all(engine)
     return 0
+
+
+def bulk(raw: psycopg.Connection[Any], conn: Connection, args: argparse.Namespace) -> None:
+    raw.execute(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS bench_floor_copy (id bigint, "
+        "processo varchar(250), prioridade int, pub_sub boolean, status varchar(100))"
+    )
+    raw.commit()
+    queue = Task.__tablename__
+    next_ids = (
+        f"SELECT array_agg(nextval(pg_get_serial_sequence('{queue}', 'id')::regclass)) "
+        "FROM generate_series(1, %s)"
+    )
+    tasks = [{"process": "noop"}] * BULK_CHUNK
+
+    def copy(table: str, prefetch: bool) -> Callable[[], None]:
+        def chunk() -> None:
+            with raw.transaction():
+                ids = raw.execute(next_ids, (BULK_CHUNK,)).fetchone()[0] if prefetch else None
+                with (
+                    raw.cursor() as cursor,
+                    cursor.copy(f"COPY {table} ({_COPY_COLUMNS}) FROM STDIN") as copy,
+                ):
+                    for i in range(BULK_CHUNK):
+                        copy.write_row((ids[i] if ids else i, "noop", 50, False, "pendente"))
+
+        return chunk
+
+    def client(method: str) -> Callable[[], None]:
+        def chunk() -> None:
+            with conn.begin():
+                getattr(QueueClient(conn, Task), method)(tasks)
+
+        return chunk
+
+    def unnest() -> None:
+        threshold = PostgresAdapter.COPY_THRESHOLD
+        PostgresAdapter.COPY_THRESHOLD = BULK_CHUNK + 1
+        try:
+            client("insert_tasks")()
+        finally:
+            PostgresAdapter.COPY_THRESHOLD = threshold
+
+    chunks = max(1, args.n // 100)
+    print("| bulk path, 1,000 rows per transaction | rows/s | µs per row |\n|---|---|---|")
+    for label, chunk in [
+        ("COPY, unlogged table without indexes", copy("bench_floor_copy", prefetch=False)),
+        ("COPY, queue table (ids from the sequence first)", copy(queue, prefetch=True)),
+        ("QueueClient.copy_tasks", client("copy_tasks")),
+        ("QueueClient.insert_tasks (COPY)", client("insert_tasks")),
+        ("insert_tasks as INSERT ... SELECT FROM unnest", unnest),
+    ]:
+        raw.execute(f"TRUNCATE bench_floor_copy, {queue}")
+        raw.commit()
+        rows_per_s = bulk_rate(chunk, chunks, args.reps)
+        print(f"| {label} | {rows_per_s:,.0f} | {1e6 / rows_per_s:,.1f} |")
+    raw.execute("DROP TABLE bench_floor_copy")
+    raw.commit()
 
 
 if __name__ == "__main__":

@@ -196,6 +196,9 @@ class Adapter:
         watches statements on ``conn`` (echo, event listeners) or the table
         has a Python-side default that is not a constant, the insert goes
         through ``conn.execute`` instead."""
+        # NULL columns whose default is NULL anyway stay out of the statement
+        null = self._null_by_default
+        row = {name: value for name, value in row.items() if value is not None or name not in null}
         direct = (
             self._direct_insert(conn.dialect, tuple(row)) if statements_unobserved(conn) else None
         )
