@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
@@ -66,12 +67,6 @@ class QueueMixin:
     """Columns of a queue table (one row per attempt)."""
 
     __queue_channel__: ClassVar[str | None] = None
-    # An INSERT returns the id only; the server defaults (data_hora, tentativa,
-    # prioridade...) load on first access. Fetching them with RETURNING cost
-    # ~90 us per ORM enqueue, for values a task is rarely read back for before
-    # its commit expires them anyway. A model that sets its own
-    # __mapper_args__ can put "eager_defaults" back.
-    __mapper_args__: ClassVar[dict[str, Any]] = {"eager_defaults": False}
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 
@@ -263,3 +258,15 @@ def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
     table = mapper.local_table
     if isinstance(table, Table) and mapper.inherits is None:
         add_queue_schema(table, channel_of(cls, table))
+    if mapper.inherits is None and "eager_defaults" not in _mapper_args(cls):
+        # The INSERT returns the id only; the server defaults (data_hora,
+        # tentativa, prioridade...) load on first access. Fetching them with
+        # RETURNING cost ~90 us per ORM enqueue, for values a task is rarely
+        # read back for before its commit expires them. Set here, not as the
+        # mixin's __mapper_args__, which subclasses of the model would inherit.
+        mapper.eager_defaults = False
+
+
+def _mapper_args(cls: type) -> Mapping[str, Any]:
+    args = getattr(cls, "__mapper_args__", None)
+    return args if isinstance(args, Mapping) else {}

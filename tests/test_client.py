@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, String, create_engine, event, func, select, text, update
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InvalidRequestError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import (
@@ -392,6 +392,44 @@ def test_insert_task_errors_are_sqlalchemy_errors(engine: Engine, app: App) -> N
         conn.commit()
     assert _row(engine, app, task_id)["processo"] == "after"
     assert _count(engine, app) == 1
+
+
+def test_insert_task_refuses_a_closed_transaction_like_conn_execute(
+    engine: Engine, app: App
+) -> None:
+    # a commit inside "with conn.begin()": conn.execute refuses to go on; the
+    # insert must not start a new transaction that the block never commits
+    with (
+        engine.connect() as conn,
+        pytest.raises(InvalidRequestError, match="closed transaction"),
+        conn.begin(),
+    ):
+        conn.commit()
+        QueueClient(conn, app.Task).insert_task(process="lost?")
+    assert _count(engine, app) == 0
+
+
+@mysql_and_postgresql
+def test_insert_task_errors_reach_handle_error_listeners(engine: Engine, app: App) -> None:
+    seen: list[Any] = []
+    event.listen(engine, "handle_error", lambda context: seen.append(context.original_exception))
+    with engine.connect() as conn, pytest.raises(DBAPIError):
+        QueueClient(conn, app.Task).insert_task(process="p" * 251)
+    assert len(seen) == 1
+
+
+@postgresql_only
+def test_copy_errors_are_sqlalchemy_errors(engine: Engine, app: App) -> None:
+    rows = [{"process": "p"}] * (PostgresAdapter.COPY_THRESHOLD - 1) + [{"process": "p" * 251}]
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        for insert_many in (client.insert_tasks, client.copy_tasks):
+            with pytest.raises(DBAPIError) as info:
+                insert_many(rows)
+            assert "value too long" in str(info.value.orig)
+            assert not info.value.connection_invalidated
+            conn.rollback()
+    assert _count(engine, app) == 0
 
 
 @postgresql_only

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, func, select, text
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, event, func, inspect, select, text
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 import sqla_queue.events
-from sqla_queue import NotInstalledError, PayloadError, install, uninstall
+from sqla_queue import NotInstalledError, PayloadError, QueueMixin, install, uninstall
 from tests.app import App
 
 UTC = dt.timezone.utc
@@ -351,6 +351,24 @@ def test_server_defaults_load_on_access_after_flush(
         assert (task.attempt, task.priority, task.requeued, task.dead) == (1, 50, False, False)
         assert task.run_at is not None and task.run_at == task.first_run_at
         assert task.status == "pendente"
+
+
+def test_eager_defaults_off_unless_the_model_asks(table_name: str) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Plain(QueueMixin, Base):
+        __tablename__ = table_name + "_p"
+
+    class Eager(QueueMixin, Base):
+        __tablename__ = table_name + "_e"
+        __mapper_args__ = {"eager_defaults": True}  # noqa: RUF012
+
+    class Sub(Plain):  # single-table subclass: inherits nothing it did not ask for
+        pass
+
+    assert (inspect(Plain).eager_defaults, inspect(Eager).eager_defaults) == (False, True)
+    assert inspect(Sub).polymorphic_identity is None and inspect(Sub).base_mapper is inspect(Plain)
 
 
 def test_plain_sql_insert_gets_the_seed_defaults(engine: Engine, app: App) -> None:

@@ -19,9 +19,10 @@ transaction and the status updates that commit with them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
 
@@ -61,14 +62,21 @@ class Listener:
         raise NotImplementedError
 
 
-# Events that see statements (tracing, query logging): with any of them
-# listening, an insert goes through SQLAlchemy's execute so they see it.
-_STATEMENT_EVENTS = (
+# Events that see or replace statement execution (tracing, query logging,
+# error translation): with any of them listening, statements go through
+# SQLAlchemy's execute so they see them.
+_CONNECTION_EVENTS = (
     "before_execute",
     "after_execute",
     "before_cursor_execute",
     "after_cursor_execute",
-    "handle_error",  # an engine (DialectEvents) event since SQLAlchemy 2.0
+)
+_DIALECT_EVENTS = (
+    "handle_error",
+    "do_execute",
+    "do_execute_no_params",
+    "do_executemany",
+    "do_setinputsizes",
 )
 
 
@@ -83,15 +91,68 @@ class _DirectInsert(NamedTuple):
 
 
 def statements_unobserved(conn: Connection) -> bool:
-    """Whether a statement run on ``conn``'s DBAPI connection would go
-    unnoticed: no echo, no statement event listener, no schema translation."""
+    """Whether statements may run on ``conn``'s DBAPI cursor unnoticed: a
+    live transaction (savepoint included) that ``conn.execute`` would use
+    as is, no echo, no statement or dialect event listener, no schema
+    translation. Otherwise they go through ``conn.execute``, which also
+    autobegins and refuses a transaction that must be rolled back first."""
+    nested = conn.get_nested_transaction()
+    if not conn.in_transaction() or (nested is not None and not nested.is_active):
+        return False
     if getattr(conn, "_echo", True) or conn.get_execution_options().get("schema_translate_map"):
         return False
-    return not any(
-        getattr(dispatch, name, None)
-        for dispatch in (conn.dispatch, conn.engine.dispatch)
-        for name in _STATEMENT_EVENTS
+    return not (
+        any(getattr(conn.dispatch, name, None) for name in _CONNECTION_EVENTS)
+        or any(getattr(conn.dialect.dispatch, name, None) for name in _DIALECT_EVENTS)
     )
+
+
+@contextlib.contextmanager
+def driver_cursor(conn: Connection, statement: str, params: Any = None) -> Iterator[Any]:
+    """A cursor of ``conn``'s DBAPI connection, with ``conn.execute``'s error
+    handling: a DBAPI error comes out as SQLAlchemy's ``DBAPIError``
+    subclass, and a lost connection is invalidated, with the pool's older
+    connections, as SQLAlchemy does. Only where :func:`statements_unobserved`."""
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    cursor = None
+    try:
+        cursor = dbapi_connection.cursor()
+        yield cursor
+    except conn.dialect.loaded_dbapi.Error as exc:
+        dialect = conn.dialect
+        invalidated = dialect.is_disconnect(exc, dbapi_connection, cursor)
+        _close_quietly(cursor)
+        cursor = None
+        error: StatementError = DBAPIError.instance(
+            statement,
+            params,
+            exc,
+            dialect.loaded_dbapi.Error,
+            hide_parameters=conn.engine.hide_parameters,
+            connection_invalidated=invalidated,
+            dialect=dialect,
+        )
+        if invalidated:
+            conn.engine.pool._invalidate(conn.connection, exc)  # as conn.execute does
+            conn.invalidate(exc)
+        raise error from exc
+    except BaseException as exc:
+        if not isinstance(exc, (Exception, GeneratorExit)):
+            # KeyboardInterrupt, SystemExit, a cancelled greenlet: the
+            # protocol may be mid-message, so the connection is not reused
+            _close_quietly(cursor)
+            cursor = None
+            conn.invalidate(exc)
+        raise
+    finally:
+        _close_quietly(cursor)
+
+
+def _close_quietly(cursor: Any) -> None:
+    if cursor is not None:
+        with contextlib.suppress(Exception):
+            cursor.close()
 
 
 class Adapter:
@@ -140,7 +201,7 @@ class Adapter:
             for column in c
             if column.nullable and column.default is None and column.server_default is None
         )
-        self._direct_inserts: dict[tuple[str, str, tuple[str, ...]], _DirectInsert | None] = {}
+        self._direct_inserts: dict[tuple[Any, ...], _DirectInsert | None] = {}
 
     # ------------------------------------------------------------ helpers
     def now(self) -> ColumnElement[dt.datetime]:
@@ -192,10 +253,10 @@ class Adapter:
         The statement is compiled by SQLAlchemy once per set of columns and
         then runs on the connection's DBAPI cursor, inside the caller's
         transaction: SQLAlchemy's per-execute work (cache key, execution
-        context, result object) was a fifth of an enqueue. When anything
-        watches statements on ``conn`` (echo, event listeners) or the table
-        has a Python-side default that is not a constant, the insert goes
-        through ``conn.execute`` instead."""
+        context, result object) was a fifth of an enqueue. Where
+        :func:`statements_unobserved` says no, or the table has a
+        Python-side default that is not a constant, the insert goes through
+        ``conn.execute`` instead."""
         # NULL columns whose default is NULL anyway stay out of the statement
         null = self._null_by_default
         row = {name: value for name, value in row.items() if value is not None or name not in null}
@@ -208,19 +269,10 @@ class Adapter:
         for name, process in direct.processors:
             params[name] = process(params[name])
         args: Any = params if direct.order is None else [params[name] for name in direct.order]
-        if not conn.in_transaction():
-            conn.begin()  # what conn.execute() would autobegin
-        dbapi_connection = conn.connection.dbapi_connection
-        assert dbapi_connection is not None
-        cursor = dbapi_connection.cursor()
-        try:
+        with driver_cursor(conn, direct.sql, args) as cursor:
             cursor.execute(direct.sql, args)
-            new_id = cursor.fetchone()[0] if direct.returning else cursor.lastrowid  # type: ignore[index]
-            return int(new_id)
-        except conn.dialect.loaded_dbapi.Error as exc:
-            raise self._wrap_dbapi_error(conn, exc, direct.sql, args, cursor) from exc
-        finally:
-            cursor.close()
+            new_id = cursor.fetchone()[0] if direct.returning else cursor.lastrowid
+        return int(new_id)
 
     def _insert_one_core(self, conn: Connection, row: Mapping[str, Any]) -> int:
         if conn.dialect.insert_returning:
@@ -229,29 +281,10 @@ class Adapter:
             )
         return int(conn.execute(insert(self.table), row).inserted_primary_key[0])  # type: ignore[index]
 
-    @staticmethod
-    def _wrap_dbapi_error(
-        conn: Connection, exc: Any, statement: str, params: Any, cursor: Any
-    ) -> StatementError:
-        """The SQLAlchemy exception ``conn.execute`` would raise for ``exc``
-        (the connection invalidated when the error says it is gone)."""
-        dialect = conn.dialect
-        invalidated = dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor)
-        if invalidated:
-            conn.invalidate(exc)
-        error: StatementError = DBAPIError.instance(
-            statement,
-            params,
-            exc,
-            dialect.loaded_dbapi.Error,
-            hide_parameters=conn.engine.hide_parameters,
-            connection_invalidated=invalidated,
-            dialect=dialect,
-        )
-        return error
-
     def _direct_insert(self, dialect: Dialect, columns: tuple[str, ...]) -> _DirectInsert | None:
-        key = (dialect.name, dialect.driver, columns)
+        # what the compiled text depends on: MySQL and MariaDB share a name
+        # and a driver but not RETURNING; an engine may change the paramstyle
+        key = (dialect.name, dialect.driver, dialect.paramstyle, dialect.insert_returning, columns)
         if key not in self._direct_inserts:  # a race compiles twice, harmlessly
             self._direct_inserts[key] = self._compile_direct_insert(dialect, columns)
         return self._direct_inserts[key]

@@ -43,7 +43,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter, Listener, statements_unobserved
+from .base import Adapter, Listener, driver_cursor, statements_unobserved
 
 logger = logging.getLogger("sqla_queue.postgresql")
 
@@ -194,13 +194,11 @@ class PostgresAdapter(Adapter):
         ids = sorted(conn.execute(self._next_ids, {"n": len(rows)}).scalar_one())
         columns = self._columns_of(rows)
         names = ", ".join(f'"{name}"' for name in ("id", *columns))
-        cursor = conn.connection.cursor()
-        try:
-            with cursor.copy(f"COPY {self._quoted()} ({names}) FROM STDIN") as copy:
-                for row in zip(ids, *columns.values(), strict=True):
-                    copy.write_row(row)
-        finally:
-            cursor.close()
+        statement = f"COPY {self._quoted()} ({names}) FROM STDIN"
+        # conn.execute above began the transaction or refused a dead one
+        with driver_cursor(conn, statement) as cursor, cursor.copy(statement) as copy:
+            for row in zip(ids, *columns.values(), strict=True):
+                copy.write_row(row)
         return ids
 
     @staticmethod
