@@ -424,11 +424,18 @@ def test_copy_errors_are_sqlalchemy_errors(engine: Engine, app: App) -> None:
     with engine.connect() as conn:
         client = QueueClient(conn, app.Task)
         for insert_many in (client.insert_tasks, client.copy_tasks):
-            with pytest.raises(DBAPIError) as info:
+            with pytest.raises(DBAPIError) as info, conn.begin():
                 insert_many(rows)
+            assert "COPY" in str(info.value.statement)
             assert "value too long" in str(info.value.orig)
             assert not info.value.connection_invalidated
-            conn.rollback()
+    assert _count(engine, app) == 0
+
+
+@mysql_and_postgresql
+def test_insert_tasks_refuses_too_long_text_instead_of_cutting_it(engine: Engine, app: App) -> None:
+    with engine.connect() as conn, pytest.raises(DBAPIError), conn.begin():
+        QueueClient(conn, app.Task).insert_tasks([{"process": "p" * 251}, {"process": "q"}])
     assert _count(engine, app) == 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -46,6 +47,7 @@ from ..records import TaskRecord
 from .base import Adapter, Listener, driver_cursor, statements_unobserved
 
 logger = logging.getLogger("sqla_queue.postgresql")
+_LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
 
 LISTEN_POLL_SECONDS = 1.0  # how often the listener thread checks for stop
 RECONNECT_DELAY_SECONDS = 1.0
@@ -152,8 +154,11 @@ class PostgresAdapter(Adapter):
         statement = self._unnest_inserts.get(columns)
         if statement is None:
             dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+            # arrays of the unbounded type: an explicit cast to varchar(n)
+            # would cut longer text silently; the INSERT's assignment cast
+            # refuses it, as a plain INSERT does
             casts = ", ".join(
-                f"CAST(:c{i} AS {self.table.c[name].type.compile(dialect)}[])"
+                f"CAST(:c{i} AS {_LENGTH.sub('', self.table.c[name].type.compile(dialect))}[])"
                 for i, name in enumerate(columns)
             )
             names = ", ".join(f'"{name}"' for name in columns)
