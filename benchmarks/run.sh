@@ -15,6 +15,7 @@
 #    -> benchmarks/results/growth.json
 # 6. benchmarks/targets.py: issue 4's targets -> benchmarks/results/TARGETS.md
 # 7. benchmarks/enqueue_floor.py: one enqueue layer by layer -> results/enqueue_floor.md
+# 8. benchmarks/render_docs.py: the tables of docs/benchmarks.md from the files above
 #
 # The harness's JSON files live in results/peers/ because report.py reads every
 # *.json in its folder as a peer (own_dialects.json, growth.json would break it).
@@ -29,13 +30,14 @@
 #   SKIP_CLIENT=1 SKIP_OWN=1      skip step 2 / step 3
 #   SKIP_GROWTH=1                 skip step 5; GROWTH_FINISHED=n finished rows (default 5M)
 #   SKIP_FLOOR=1                  skip step 7
+#   SKIP_DOCS=1                   skip step 8 (a smoke run should not rewrite the docs' tables)
 #   OWN_ARGS="--dialects sqlite"  more own_dialects.py options (--poll-interval, --mysql-url)
 #   BENCH_HARNESS=/path/to/bench  the harness (default: ../shared/bench from the repo root)
 #   RESULTS=dir                   output folder (default: benchmarks/results)
 #   VENVS=dir                     peer venvs (default: /tmp/bench-venvs)
 #
 # Quick smoke test (~4 min):
-#   REPS=1 SKIP_PGBENCH=1 PEERS="sqla_queue pgqueuer" \
+#   SKIP_DOCS=1 REPS=1 SKIP_PGBENCH=1 PEERS="sqla_queue pgqueuer" \
 #     DRIVER_ARGS="--n-txn 1000 --n-bulk 10000 --n-proc 5000 --lat-n 100" benchmarks/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,4 +117,9 @@ cat "$RESULTS/TARGETS.md"
 if [ -z "${SKIP_FLOOR:-}" ]; then
   log "enqueue floor"
   "$PY" benchmarks/enqueue_floor.py > "$RESULTS/enqueue_floor.md" || log "enqueue_floor.py failed"
+fi
+
+# 8. the tables of docs/benchmarks.md, from this run (only for the default results folder)
+if [ -z "${SKIP_DOCS:-}" ] && [ "$RESULTS" = "$ROOT/benchmarks/results" ]; then
+  python3 benchmarks/render_docs.py --results "$RESULTS" --doc docs/benchmarks.md
 fi
