@@ -112,7 +112,9 @@ def driver_cursor(conn: Connection, statement: str, params: Any = None) -> Itera
     """A cursor of ``conn``'s DBAPI connection, with ``conn.execute``'s error
     handling: a DBAPI error comes out as SQLAlchemy's ``DBAPIError``
     subclass, and a lost connection is invalidated, with the pool's older
-    connections, as SQLAlchemy does. Only where :func:`statements_unobserved`."""
+    connections, as SQLAlchemy does. ``insert_task`` takes this path only
+    where :func:`statements_unobserved`; ``copy_tasks`` always (SQLAlchemy
+    has no COPY), after a ``conn.execute`` that begins the transaction."""
     dbapi_connection = conn.connection.dbapi_connection
     assert dbapi_connection is not None
     cursor = None
