@@ -83,6 +83,7 @@ def resolve_table(name: str | type[QueueMixin] | Table) -> Table:
 _KEYS = {**{name: name for name in _SEED_PARAMETERS}, **_ALIASES}
 
 
+_GIVEN_TWICE = "an argument is given twice (seed and English names name one parameter)"
 # seed names for each key tuple seen in a mapping (bounded: key tuples are few)
 _NAME_PLANS: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
@@ -95,9 +96,7 @@ def _seed_names(keys: tuple[Any, ...]) -> tuple[str, ...]:
         except KeyError as exc:
             raise TypeError(f"unexpected argument {exc.args[0]!r}") from None
         if len(set(names)) < len(names):
-            raise TypeError(
-                "an argument is given twice (seed and English names name one parameter)"
-            )
+            raise TypeError(_GIVEN_TWICE)
         if len(_NAME_PLANS) < 1024:
             _NAME_PLANS[keys] = names
     return names
@@ -110,9 +109,7 @@ def _normalise(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]
     values = dict(zip(_seed_names(tuple(kwargs)), kwargs.values(), strict=True))
     if args:
         if any(name in values for name in _SEED_PARAMETERS[: len(args)]):
-            raise TypeError(
-                "an argument is given twice (seed and English names name one parameter)"
-            )
+            raise TypeError(_GIVEN_TWICE)
         values.update(zip(_SEED_PARAMETERS, args, strict=False))
     return values
 
