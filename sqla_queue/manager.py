@@ -11,40 +11,73 @@ the database costs no round trip at all. The ``sucesso`` rows of the batch
 are written by one statement and commit together with the handlers' work,
 so a committed ``sucesso`` always means the work committed too. With
 ``batch_size=1`` this is the classic one-task-per-transaction mode.
+
+Every write to a claimed task is guarded by the claim (``processando`` for
+this worker, see ``leases.py``): a batch whose ``sucesso`` update does not
+match all its rows lost a task to the rescue, and rolls back whole. A
+connection lost while a handler runs ends the batch: the running task's
+attempt is consumed (a task that kills its connection every time reaches the
+dead letter), the others go back to ``pendente``, on a fresh connection, and
+the lane reconnects. Where even that fails (the database is down), the
+leases run out and the rescue does the same later.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from .adapters import Adapter
 from .mixins import MESSAGE_MAX_LENGTH, Status
 from .records import TaskRecord
-from .redaction import fit_message
+from .redaction import fit_message, redact
 from .retry import LinearBackoff
 from .types import utcnow
 
-__all__ = ["BatchResult", "Handler", "TaskManager"]
+if TYPE_CHECKING:
+    from .leases import Claims, LeasePolicy
+
+__all__ = ["BatchResult", "ClaimLost", "ConnectionLost", "Handler", "TaskManager"]
 
 logger = logging.getLogger("sqla_queue.manager")
 
 RETRY_SUFFIX = ". Tarefa reenfileirada."
 EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
-RESCUED_MESSAGE = (
-    "Falha desconhecida de processamento (processamento abortado repentinamente). "
-    "Tarefa reenfileirada."
-)
-RESCUE_LOCK_KEY = 1
+RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
+RESCUED_MESSAGE = RESCUED_ERROR + RETRY_SUFFIX
 
 Handler = Callable[[TaskRecord, Session], Any]
+
+
+class ConnectionLost(Exception):
+    """The work connection died under a batch; the lane must reconnect."""
+
+
+class ClaimLost(Exception):
+    """A batch's guarded ``sucesso`` update missed rows: another worker
+    rescued some of its tasks. The batch rolls back."""
+
+
+def task_label(task: TaskRecord) -> str:
+    """How log lines name an attempt: its id, its chain's first id, its
+    attempt number and its process."""
+    return f"task {task.id} (chain {task.chain_id}, attempt {task.attempt}, {task.process})"
+
+
+def describe_traceback(exc: BaseException) -> str:
+    """The frames of ``exc``'s traceback and its one-line description, with
+    no exception text from inside it (a database error's text holds SQL and
+    parameters)."""
+    frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+    return f"Traceback (most recent call last):\n{frames}{describe_error(exc)}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -66,14 +99,28 @@ class BatchResult:
 
 
 class TaskManager:
-    def __init__(self, adapter: Adapter, backoff: LinearBackoff | None = None) -> None:
+    def __init__(
+        self,
+        adapter: Adapter,
+        backoff: LinearBackoff | None = None,
+        *,
+        claims: Claims,
+        lease: LeasePolicy,
+    ) -> None:
         self.adapter = adapter
         self.backoff = backoff or LinearBackoff()
+        self.claims = claims
+        self.owner = claims.owner
+        self.lease = lease
 
     # ----------------------------------------------------------- claiming
     def claim(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
         with conn.begin():
-            return self.adapter.task_claim_many(conn, limit=limit)
+            tasks = self.adapter.task_claim_many(
+                conn, limit=limit, owner=self.owner, lease_seconds=self.lease.seconds
+            )
+        self.claims.add(task.id for task in tasks)
+        return tasks
 
     def promote_due(self, conn: Connection) -> int:
         with conn.begin():
@@ -101,20 +148,29 @@ class TaskManager:
         try:
             try:
                 result = self._run_together(work_conn, tasks, handler, should_stop)
+            except ClaimLost:
+                # nothing of the batch committed; the tasks still ours run again
+                self._hand_back_after_rollback(work_conn, ids)
+                result = BatchResult(handed_back=ids)
             except DBAPIError as exc:
                 if self._retryable(exc):
                     raise
                 # the batch failed as a whole, after its handlers returned (a
                 # deferred constraint at COMMIT, say): find the task at fault
                 result = self._run_alone(work_conn, tasks, handler, should_stop, exc)
+        except ConnectionLost as lost:
+            culprit = lost.args[0] if lost.args else None
+            self._recover_after_lost_connection(work_conn, tasks, culprit, lost.__cause__)
+            raise
         except BaseException:
             # nothing of the batch committed (a deadlock, a lost connection),
             # and the fault is not its tasks': they are ready to run again
-            self._hand_back_after_rollback(claim_conn, ids)
+            self._hand_back_after_rollback(work_conn, ids)
             raise
         finally:
             # after the commit (or the rollback), never before: another worker
             # must not claim a task whose outcome is not yet committed
+            self.claims.discard(ids)
             self._release(claim_conn, ids)
         if result.handed_back and self.adapter.supports_notify:
             with claim_conn.begin():
@@ -146,8 +202,16 @@ class TaskManager:
                     result.failed += 1
                 else:
                     done.append((task.id, message))
-            self.adapter.task_complete_many(work_conn, results=done)
-            self.adapter.task_hand_back_many(work_conn, ids=result.handed_back)
+            completed = self.adapter.task_complete_many(work_conn, results=done, owner=self.owner)
+            if completed != len(done):
+                logger.warning(
+                    "%d of %d finished task(s) are no longer claimed by this worker "
+                    "(rescued after its lease or lock was lost): the batch rolls back",
+                    len(done) - completed,
+                    len(done),
+                )
+                raise ClaimLost()
+            self.adapter.task_hand_back_many(work_conn, ids=result.handed_back, owner=self.owner)
             result.succeeded = len(done)
         return result
 
@@ -168,11 +232,15 @@ class TaskManager:
             if index and should_stop():
                 result.handed_back = [t.id for t in tasks[index:]]
                 with work_conn.begin():
-                    self.adapter.task_hand_back_many(work_conn, ids=result.handed_back)
+                    self.adapter.task_hand_back_many(
+                        work_conn, ids=result.handed_back, owner=self.owner
+                    )
                 break
             if len(tasks) > 1:
                 try:
                     one = self._run_together(work_conn, [task], handler, lambda: False)
+                except ClaimLost:
+                    continue  # rescued meanwhile: another worker has it now
                 except DBAPIError as exc:
                     if self._retryable(exc):
                         raise
@@ -183,15 +251,14 @@ class TaskManager:
                     continue
             message = describe_error(error)
             with work_conn.begin():
-                self.record_failure(work_conn, task, message)
+                recorded = self.record_failure(work_conn, task, message)
             result.failed += 1
-            logger.warning(
-                "task %s (%s) attempt %s failed at commit: %s",
-                task.id,
-                task.process,
-                task.attempt,
-                fit_message(message, MESSAGE_MAX_LENGTH),
-            )
+            if recorded:
+                logger.warning(
+                    "%s failed at commit: %s",
+                    task_label(task),
+                    fit_message(message, MESSAGE_MAX_LENGTH),
+                )
         return result
 
     def _run_one(self, conn: Connection, task: TaskRecord, handler: Handler) -> Any:
@@ -204,98 +271,137 @@ class TaskManager:
             if _touched(session):
                 session.commit()  # flush, then RELEASE the savepoint
         except Exception as exc:
-            session.rollback()
+            if _connection_lost(conn, exc):
+                _close_quietly(session)
+                raise ConnectionLost(task) from exc
+            try:
+                session.rollback()
+            except SQLAlchemyError as rollback_error:
+                if _connection_lost(conn, rollback_error):
+                    _close_quietly(session)
+                    raise ConnectionLost(task) from exc
+                raise
             error = describe_error(exc)
-            self.record_failure(conn, task, error)
-            logger.warning(
-                "task %s (%s) attempt %s failed: %s",
-                task.id,
-                task.process,
-                task.attempt,
-                fit_message(error, MESSAGE_MAX_LENGTH),
-            )
+            if self.record_failure(conn, task, error):
+                logger.warning(
+                    "%s failed: %s\n%s",
+                    task_label(task),
+                    fit_message(error, MESSAGE_MAX_LENGTH),
+                    redact(describe_traceback(exc)),
+                )
             return _FAILED
         finally:
             if _touched(session) or session.identity_map:
                 session.close()
         if logger.isEnabledFor(logging.INFO):
             logger.info(
-                "task %s (%s) attempt %s succeeded in %.1f ms",
-                task.id,
-                task.process,
-                task.attempt,
+                "%s succeeded in %.1f ms",
+                task_label(task),
                 (time.perf_counter() - started) * 1000,
             )
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
 
-    def _hand_back_after_rollback(self, claim_conn: Connection, ids: list[int]) -> None:
+    def _hand_back_after_rollback(self, conn: Connection, ids: list[int]) -> None:
+        """Hand back this worker's claimed ``ids`` on a fresh connection (the
+        batch's may be dead); guarded, so tasks that did commit stay as they are."""
         try:
-            with claim_conn.begin():
-                self.adapter.task_hand_back_many(claim_conn, ids=ids)
-        except Exception as exc:  # the rescue re-enqueues them once the locks are free
-            logger.warning("could not hand back tasks %s after a rollback: %s", ids, exc)
+            with conn.engine.connect() as fresh, fresh.begin():
+                self.adapter.task_hand_back_many(fresh, ids=ids, owner=self.owner)
+        except Exception as exc:  # their leases run out; the rescue retries them
+            logger.warning("could not hand back tasks %s: %s", ids, describe_error(exc))
+
+    def _recover_after_lost_connection(
+        self,
+        conn: Connection,
+        tasks: Sequence[TaskRecord],
+        culprit: TaskRecord | None,
+        cause: BaseException | None,
+    ) -> None:
+        """The batch died with its connection: the running task's attempt is
+        consumed (a failure and its retry or dead letter), the others go back
+        to ``pendente``. All guarded by the claim, on a fresh connection."""
+        error = "connection to the database lost while the task ran"
+        if cause is not None:
+            error = f"{error}: {describe_error(cause)}"
+        others = [task.id for task in tasks if task is not culprit]
+        try:
+            with conn.engine.connect() as fresh, fresh.begin():
+                if culprit is not None:
+                    self.record_failure(fresh, culprit, error)
+                self.adapter.task_hand_back_many(fresh, ids=others, owner=self.owner)
+        except Exception as exc:  # the database is away: the leases run out instead
+            logger.warning(
+                "could not record the lost batch (%s); the rescue will", describe_error(exc)
+            )
+            return
+        if culprit is not None:
+            logger.warning("%s failed: %s", task_label(culprit), fit_message(error, 500))
 
     def _release(self, claim_conn: Connection, ids: list[int]) -> None:
-        if not ids or not self.adapter.supports_task_locks:
+        if not ids or not self.adapter.task_locks:
             return
         try:
             with claim_conn.begin():
                 self.adapter.lock_release_many(claim_conn, ids=ids)
         except Exception as exc:  # the connection is gone, and its locks with it
-            logger.warning("could not release task locks: %s", exc)
+            logger.warning("could not release task locks: %s", describe_error(exc))
             claim_conn.invalidate()
 
     # ----------------------------------------------------------- failures
     def record_failure(
         self, conn: Connection, task: TaskRecord, error: str, *, rescued: bool = False
-    ) -> None:
+    ) -> bool:
         """Mark the attempt failed and enqueue what follows it: the next
-        attempt, or, past the maximum, a dead-letter run."""
+        attempt, or, past the maximum, a dead-letter run. Guarded by the
+        claim (this worker's, or for the rescue the lease it found expired):
+        False, and nothing written, when the task is no longer that claim's."""
         now = utcnow()
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
         next_at = self.backoff.next_attempt_at(task.attempt, now)
         if next_at is not None:
-            message = (
-                RESCUED_MESSAGE if rescued else fit_message(error, MESSAGE_MAX_LENGTH, RETRY_SUFFIX)
-            )
-            self.adapter.task_update(
-                conn,
-                task_id=task.id,
-                values={
-                    "status": failed_status,
-                    "reenfileirado": True,
-                    "mensagem": message,
-                    "proxima_tentativa": next_at,
-                },
-            )
+            message = fit_message(error, MESSAGE_MAX_LENGTH, RETRY_SUFFIX)
+            values = {
+                "status": failed_status,
+                "reenfileirado": True,
+                "mensagem": message,
+                "proxima_tentativa": next_at,
+            }
+            if not self._update_claimed(conn, task, values, rescued=rescued):
+                return False
             self.adapter.task_insert_many(
                 conn, rows=[self._retry_row(task, next_at, failed_status, message, now)]
             )
-            return
+            return True
         message = fit_message(error, MESSAGE_MAX_LENGTH, EXHAUSTED_SUFFIX)
-        self.adapter.task_update(
-            conn,
-            task_id=task.id,
-            values={
-                "status": failed_status,
-                "estouro_tentativas": True,
-                "mensagem": message,
-            },
-        )
+        values = {"status": failed_status, "estouro_tentativas": True, "mensagem": message}
+        if not self._update_claimed(conn, task, values, rescued=rescued):
+            return False
         if task.dead:
             # the reference starts another dead run here, forever; we stop
             logger.error(
-                "dead-letter task %s exhausted its %s attempts; it stays %s",
-                task.id,
-                task.attempt,
+                "dead-letter %s exhausted its attempts; it stays %s",
+                task_label(task),
                 failed_status,
             )
-            return
+            return True
         self.adapter.task_insert_many(conn, rows=[self._dead_row(task)])
-        logger.warning(
-            "task %s exhausted its %s attempts: dead-letter run enqueued",
-            task.chain_id,
-            task.attempt,
+        logger.warning("%s exhausted its attempts: dead-letter run enqueued", task_label(task))
+        return True
+
+    def _update_claimed(
+        self, conn: Connection, task: TaskRecord, values: dict[str, Any], *, rescued: bool
+    ) -> bool:
+        if rescued:
+            # the claim the rescue judged lost, unchanged since it looked
+            return self.adapter.task_update_claimed(
+                conn,
+                task_id=task.id,
+                values=values,
+                owner=task.worker_id,
+                lease_expires_at=task.lease_expires_at,
+            )
+        return self.adapter.task_update_claimed(
+            conn, task_id=task.id, values=values, owner=self.owner
         )
 
     def _retry_row(
@@ -325,6 +431,7 @@ class TaskManager:
             "dead": task.dead,
             "live_id": task.live_id,
             "prioridade": task.priority,  # the reference reset it to 50
+            **task.extra,  # the user's own columns
         }
 
     def _dead_row(self, task: TaskRecord) -> dict[str, Any]:
@@ -345,37 +452,50 @@ class TaskManager:
             "dead": True,
             "live_id": task.chain_id,
             "prioridade": task.priority,
+            **task.extra,
         }
 
     # ----------------------------------------------------------- rescue
-    def rescue(self, claim_conn: Connection, work_conn: Connection, *, limit: int = 100) -> int:
-        """Re-enqueue tasks left ``processando`` by a worker that died
-        (``falha_processando`` + a retry, as the seed's retry thread does).
-        Only one worker rescues a queue at a time."""
-        with claim_conn.begin():
-            if not self.adapter.lock_try(claim_conn, key=RESCUE_LOCK_KEY):
-                return 0
-        lost: list[TaskRecord] = []
-        try:
-            with claim_conn.begin():
-                lost = self.adapter.task_rescue_lost(claim_conn, limit=limit)
-            if lost:
-                with work_conn.begin():
-                    for task in lost:
-                        self.record_failure(work_conn, task, RESCUED_MESSAGE, rescued=True)
-                logger.warning(
-                    "rescued %d task(s) left 'processando' by a dead worker: %s",
-                    len(lost),
-                    [task.id for task in lost],
-                )
-            return len(lost)
-        finally:
-            self._release(claim_conn, [task.id for task in lost])
-            with claim_conn.begin():
-                self.adapter.lock_release(claim_conn, key=RESCUE_LOCK_KEY)
+    def rescue(self, conn: Connection, *, limit: int = 100) -> int:
+        """Re-enqueue tasks whose claim is lost (lease expired, or the
+        worker's per-task lock died): ``falha_processando`` + a retry, as
+        the seed's retry thread does. One transaction; the rows are locked
+        (or, without row locks, updated only if their lease is unchanged),
+        so two rescuers, or a rescuer and a late heartbeat, never both win."""
+        with conn.begin():
+            lost = self.adapter.task_rescue_lost(conn, limit=limit)
+            rescued = [
+                task
+                for task in lost
+                if self.record_failure(conn, task, RESCUED_ERROR, rescued=True)
+            ]
+        if rescued:
+            logger.warning(
+                "rescued %d task(s) whose worker lost its claim: %s",
+                len(rescued),
+                ", ".join(task_label(task) for task in rescued),
+            )
+        return len(rescued)
 
 
 _FAILED: Any = object()
+
+
+def _connection_lost(conn: Connection, exc: BaseException) -> bool:
+    """Whether ``exc`` left ``conn`` unusable: invalidated by SQLAlchemy (a
+    disconnect), or a driver error that says the connection is gone."""
+    if conn.invalidated or conn.closed:
+        return True
+    if isinstance(exc, DBAPIError):
+        return bool(exc.connection_invalidated)
+    return False
+
+
+def _close_quietly(session: Session) -> None:
+    try:
+        session.close()
+    except Exception as exc:  # its connection is dead already
+        logger.debug("closing a session on a lost connection: %s", describe_error(exc))
 
 
 def _touched(session: Session) -> bool:

@@ -40,10 +40,14 @@ from .identifiers import derived_identifier, validate_identifier
 from .payload import decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
-__all__ = ["COLUMN_NAMES", "QueueMixin", "Status"]
+__all__ = ["COLUMN_NAMES", "LEASE_COLUMNS", "QueueMixin", "Status"]
 
 DEFAULT_PRIORITY = 50
 MESSAGE_MAX_LENGTH = 500  # varchar(500) in the reference DDL
+WORKER_ID_MAX_LENGTH = 100
+#: the columns sqla-queue adds to the seed's (a table made by nsj-queue-lib
+#: needs them added before sqla-queue workers consume it: docs/lifecycle.md)
+LEASE_COLUMNS = ("worker_id", "lease_expires_at")
 
 
 class Status(str, enum.Enum):
@@ -116,6 +120,13 @@ class QueueMixin:
     priority: Mapped[int | None] = mapped_column(
         "prioridade", Integer, server_default=text(str(DEFAULT_PRIORITY))
     )
+    # Ours, not the seed's: the claim of a 'processando' task. The worker
+    # that claimed it (worker_id) renews lease_expires_at while its handler
+    # runs; the rescue takes the task only once the lease has expired (or,
+    # where the database has them, once the worker's per-task lock died),
+    # and completion is guarded by (status, worker_id). See docs/lifecycle.md.
+    worker_id: Mapped[str | None] = mapped_column("worker_id", String(WORKER_ID_MAX_LENGTH))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column("lease_expires_at", UtcDateTime)
 
     @hybrid_property
     def payload(self) -> Any:

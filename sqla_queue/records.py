@@ -12,10 +12,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .mixins import COLUMN_NAMES
+from .mixins import COLUMN_NAMES, LEASE_COLUMNS
 from .payload import decode_payload
 
-SEED_COLUMNS = COLUMN_NAMES  # English attribute -> seed column
+#: English attribute -> seed column (the seed's ``tarefa`` dict keys)
+SEED_COLUMNS = {
+    name: column for name, column in COLUMN_NAMES.items() if column not in LEASE_COLUMNS
+}
 _ATTRIBUTES = {column: attribute for attribute, column in SEED_COLUMNS.items()}
 
 
@@ -51,6 +54,11 @@ class TaskRecord(Mapping[str, Any]):
     dead: bool = False
     live_id: int | None = None
     priority: int | None = None
+    worker_id: str | None = None
+    lease_expires_at: dt.datetime | None = None
+    #: columns of the user's model beyond sqla-queue's, by column name:
+    #: carried to the task's retry and dead-letter rows
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     _decoded: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
@@ -62,11 +70,20 @@ class TaskRecord(Mapping[str, Any]):
     def from_rows(cls, keys: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[TaskRecord]:
         """Build from result rows whose columns are named by ``keys``."""
         where = {key: i for i, key in enumerate(keys)}
-        index = [where[column] for column in _COLUMN_ORDER]
+        # a table made by nsj-queue-lib may lack the lease columns: None
+        index = [where.get(column) for column in _COLUMN_ORDER]
+        extra = [
+            (key, i)
+            for key, i in where.items()
+            if key not in _KNOWN and not key.startswith("sqlaq_")
+        ]
         records = []
         fix = object.__setattr__
         for row in rows:
-            record = cls(*[row[i] for i in index])
+            values: list[Any] = [None if i is None else row[i] for i in index]
+            record = cls(*values)
+            if extra:
+                fix(record, "extra", {key: row[i] for key, i in extra})
             # normalise what drivers return differently (0/1 booleans, memoryview)
             fix(record, "attempt", record.attempt or 1)
             fix(record, "pub_sub", bool(record.pub_sub))
@@ -106,5 +123,6 @@ class TaskRecord(Mapping[str, Any]):
         return {column: self[column] for column in _ATTRIBUTES}
 
 
-_COLUMN_ORDER = [SEED_COLUMNS[f.name] for f in fields(TaskRecord) if f.name != "_decoded"]
-assert set(SEED_COLUMNS) == {f.name for f in fields(TaskRecord)} - {"_decoded"}
+_COLUMN_ORDER = [COLUMN_NAMES[f.name] for f in fields(TaskRecord) if f.name in COLUMN_NAMES]
+_KNOWN = frozenset(COLUMN_NAMES.values())
+assert set(COLUMN_NAMES) == {f.name for f in fields(TaskRecord)} - {"_decoded", "extra"}

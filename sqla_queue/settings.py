@@ -110,6 +110,17 @@ def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool 
     return value
 
 
+def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    if raw in ("false", "0", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name} must be true or false, not {env[name]!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     """What a worker reads from the environment."""
@@ -122,6 +133,7 @@ class Settings:
     poll_interval_seconds: float = 1.0
     listen_fallback_seconds: float = 5.0
     log_debug: bool = False
+    task_locks: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -135,4 +147,5 @@ class Settings:
             poll_interval_seconds=_number(env, "SQLA_QUEUE_POLL_INTERVAL", 1.0),
             listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0),
             log_debug=env.get("LOG_DEBUG", "").strip().upper() in ("TRUE", "1", "YES"),
+            task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
         )

@@ -52,6 +52,7 @@ def build(table: str) -> App:
 
         model = Task
         retry_interval_minutes = 0
+        lease_seconds = float(os.environ.get("SQLA_QUEUE_TEST_LEASE", "30"))
 
         def execute(self, payload: Any, task: Any, session: Any) -> str | None:
             session.add(Effect(task_id=task.id, chain_id=task.chain_id, note=str(payload)[:200]))

@@ -215,6 +215,11 @@ SEED_COLUMNS = [
 ]
 
 
+# sqla-queue's own columns, after the seed's: the claim's owner and lease
+LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
+TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS
+
+
 def lock_waits(engine: Engine, table_name: str) -> int:
     """Statements on ``table_name`` waiting for an InnoDB row lock. InnoDB
     refreshes this view only after 0.1 s without reads: poll it slower."""

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
+from sqla_queue.types import utcnow
 from tests.app import App
 from tests.conftest import lock_waits, run_cli, spawn_cli, wait_until
 
@@ -144,7 +145,7 @@ def task_lock_is_free(engine: Engine, app: App, task_id: int) -> bool:
                 },
             ).scalar()
             return held == 0
-        name = adapter._lock_name(task_id)  # type: ignore[attr-defined]
+        name = adapter._lock_prefix(conn) + str(task_id)  # type: ignore[attr-defined]
         return conn.execute(text("SELECT IS_FREE_LOCK(:name)"), {"name": name}).scalar() == 1
 
 
@@ -215,25 +216,34 @@ def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
     assert sorted(task_id for task_id, _, _ in effects(engine, app)) == sorted(warm_up + ids)
 
 
+def lease_expired(engine: Engine, app: App, task_id: int) -> bool:
+    with Session(engine) as session:
+        task = session.get(app.Task, task_id)
+        assert task is not None and task.lease_expires_at is not None
+        return bool(task.lease_expires_at < utcnow())
+
+
 def test_sigkill_leaves_the_task_processando_until_the_start_up_rescue(
     engine: Engine, app: App, db_url: str, table_name: str, tmp_path: Path
 ) -> None:
-    if db_url.startswith("sqlite"):
-        pytest.skip(
-            "SQLite has no lock that dies with a process: a killed worker's "
-            "task cannot be told from a running one"
-        )
-    env = worker_env(table_name, SQLA_QUEUE_TEST_SIGNAL_DIR=str(tmp_path))
+    """PostgreSQL and MariaDB see the killed worker's lock die at once;
+    SQLite, which has no such lock, rescues the task once its lease expires."""
+    env = worker_env(
+        table_name, SQLA_QUEUE_TEST_SIGNAL_DIR=str(tmp_path), SQLA_QUEUE_TEST_LEASE="1"
+    )
     [task_id] = insert_tasks(engine, app, 1)
     with spawned("worker", BLOCKING, "--url", db_url, env=env) as [worker]:
         wait_until(lambda: (tmp_path / f"started-{task_id}").exists(), message="the task")
         worker.proc.send_signal(signal.SIGKILL)
         assert worker.wait(timeout=30) == -signal.SIGKILL
     assert statuses(engine, app) == {task_id: "processando"}
-    wait_until(
-        lambda: task_lock_is_free(engine, app, task_id),
-        message="the server to free the killed worker's lock",
-    )
+    if db_url.startswith("sqlite"):
+        wait_until(lambda: lease_expired(engine, app, task_id), message="the lease to expire")
+    else:
+        wait_until(
+            lambda: task_lock_is_free(engine, app, task_id),
+            message="the server to free the killed worker's lock",
+        )
 
     run_cli("worker", RECORDING, "--url", db_url, "--burst", env=env)
 
@@ -402,7 +412,9 @@ def test_conditional_claim_gives_each_row_to_one_of_two_racing_connections(
                 start.wait(timeout=10)
                 while True:
                     with conn.begin():
-                        got = conditional.task_claim_many(conn, limit=10)
+                        got = conditional.task_claim_many(
+                            conn, limit=10, owner=f"lane{lane}", lease_seconds=30
+                        )
                     claimed[lane].extend(task.id for task in got)
                     if not got and "pendente" not in statuses(engine, app).values():
                         return
@@ -432,11 +444,19 @@ def test_conditional_claim_waits_out_an_open_claim_and_skips_its_rows(
 
     def claim_up_to_ten() -> None:
         with conditional.connect_claim(engine) as conn, conn.begin():
-            second.extend(task.id for task in conditional.task_claim_many(conn, limit=10))
+            second.extend(
+                task.id
+                for task in conditional.task_claim_many(conn, limit=10, owner="b", lease_seconds=30)
+            )
 
     thread = threading.Thread(target=claim_up_to_ten)
     with conditional.connect_claim(engine) as first_conn, first_conn.begin():
-        first = [task.id for task in conditional.task_claim_many(first_conn, limit=5)]
+        first = [
+            task.id
+            for task in conditional.task_claim_many(
+                first_conn, limit=5, owner="a", lease_seconds=30
+            )
+        ]
         assert first == ids[:5]
         thread.start()
         wait_until(

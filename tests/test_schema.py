@@ -29,7 +29,7 @@ from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
 from sqla_queue import ConfigurationError, InvalidIdentifierError, QueueClient, QueueMixin
 from tests.app import App
-from tests.conftest import SEED_COLUMNS, server_url
+from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS, server_url
 
 # nsj-reference.md §1, as PostgreSQL reports the reference DDL
 REFERENCE_PG_TYPES = {
@@ -95,9 +95,11 @@ def _notifications(conn: psycopg.Connection[Any], count: int) -> list[tuple[str,
 
 
 # --------------------------------------------------------------- columns
-def test_create_all_creates_exactly_the_seed_columns(engine: Engine, table_name: str) -> None:
+def test_create_all_creates_the_seed_columns_then_the_lease_columns(
+    engine: Engine, table_name: str
+) -> None:
     columns = inspect(engine).get_columns(table_name)
-    assert [c["name"] for c in columns] == SEED_COLUMNS
+    assert [c["name"] for c in columns] == TABLE_COLUMNS
 
 
 def test_only_id_pub_sub_and_dead_are_not_null(engine: Engine, table_name: str) -> None:
@@ -115,7 +117,11 @@ def test_postgresql_column_types_match_the_reference_ddl(engine: Engine, table_n
             ),
             {"t": table_name},
         ).all()
-    assert {name: (kind, length) for name, kind, length in rows} == REFERENCE_PG_TYPES
+    assert {name: (kind, length) for name, kind, length in rows} == {
+        **REFERENCE_PG_TYPES,
+        "worker_id": ("character varying", 100),
+        "lease_expires_at": ("timestamp with time zone", None),
+    }
 
 
 @mysql_only
@@ -462,7 +468,7 @@ def test_longest_accepted_table_name_can_be_created(db_url: str) -> None:
     engine = create_engine(db_url)
     try:
         model.metadata.create_all(engine)
-        assert [c["name"] for c in inspect(engine).get_columns(name)] == SEED_COLUMNS
+        assert [c["name"] for c in inspect(engine).get_columns(name)] == TABLE_COLUMNS
     finally:
         model.metadata.drop_all(engine)
         with engine.begin() as conn:  # MySQL keeps a table whose index failed

@@ -23,7 +23,7 @@ from sqla_queue.redaction import MASK, fit_message, redact
 from sqla_queue.retry import LinearBackoff
 from sqla_queue.settings import Settings
 from sqla_queue.worker.runner import BatchLimit
-from tests.conftest import SEED_COLUMNS
+from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS
 
 # sha256("conteúdo"), as nsj-queue-lib stored it (nsj-reference.md §3, OBS)
 CONTEUDO_HASH = b"0263637886787eeaa9529fecbc8e63beda6bad2ef5e61c349ff719aad84075b8"
@@ -414,8 +414,8 @@ def _row(**overrides: object) -> dict[str, object]:
 
 class TestTaskRecord:
     def test_attribute_names_map_onto_every_seed_column(self) -> None:
-        assert sorted(COLUMN_NAMES.values()) == sorted(SEED_COLUMNS)
-        assert len(COLUMN_NAMES) == 28
+        assert sorted(COLUMN_NAMES.values()) == sorted(TABLE_COLUMNS)
+        assert len(COLUMN_NAMES) == 30
 
     def test_from_row_reads_seed_column_names(self) -> None:
         record = TaskRecord.from_row(_row())

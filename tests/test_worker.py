@@ -358,7 +358,8 @@ def test_failure_message_never_stores_or_logs_a_secret(
     assert dead.dead is True
     stored = " ".join(str(v) for t in (first, last, dead) for v in (t.message, t.previous_message))
     assert "hunter2" not in stored and "abc" not in stored
-    assert "attempt 1 failed" in caplog.text
+    assert "(chain 1, attempt 1, faturar) failed" in caplog.text
+    assert "Traceback (most recent call last)" in caplog.text
     assert "hunter2" not in caplog.text and "token=abc" not in caplog.text
 
 
@@ -533,9 +534,9 @@ def test_tasks_inserted_by_queue_client_are_processed(engine: Engine, app: App) 
 def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
     engine: Engine, app: App, installed: None
 ) -> None:
-    """A live worker finishes its task right after the rescue has read which
-    tasks are 'processando' (a start-up rescue among busy workers). SQLite is
-    left out: it has no rescue."""
+    """A live worker finishes its task while the rescue is looking at the
+    'processando' tasks (a start-up rescue among busy workers). SQLite is left
+    out: its write lock runs the two one after the other."""
     [task_id] = enqueue(engine, app, {"n": 1})
     worker = app.RecordingWorker()
     runner = Runner(worker, engine=engine, settings=Settings())
@@ -543,13 +544,12 @@ def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
     with (
         adapter.connect_claim(engine) as claim_conn,
         engine.connect() as work_conn,
-        adapter.connect_claim(engine) as rescue_claim,
-        engine.connect() as rescue_work,
+        adapter.connect_maintenance(engine) as rescue_work,
     ):
         running = manager.claim(claim_conn, limit=1)
         assert [t.id for t in running] == [task_id]
 
-        @event.listens_for(rescue_claim, "after_cursor_execute")
+        @event.listens_for(rescue_work, "after_cursor_execute")
         def finish_the_task(
             conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
         ) -> None:
@@ -557,7 +557,7 @@ def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
                 manager.run_batch(claim_conn, work_conn, running, worker.dispatch)
                 running.clear()
 
-        rescued = manager.rescue(rescue_claim, rescue_work)
+        rescued = manager.rescue(rescue_work)
 
     assert running == []  # the worker did finish while the rescue was looking
     assert rescued == 0

@@ -22,7 +22,9 @@ _ADAPTERS = {
 }
 
 
-def adapter_for(dialect: Dialect | str, table: Table, channel: str) -> Adapter:
+def adapter_for(
+    dialect: Dialect | str, table: Table, channel: str, *, task_locks: bool = True
+) -> Adapter:
     family = dialect_family(dialect)
     try:
         module, name = _ADAPTERS[family]
@@ -32,4 +34,4 @@ def adapter_for(dialect: Dialect | str, table: Table, channel: str) -> Adapter:
             "(PostgreSQL, MySQL/MariaDB, SingleStore and SQLite are supported)"
         ) from None
     cls: type[Adapter] = getattr(importlib.import_module(f".{module}", __name__), name)
-    return cls(table, channel)
+    return cls(table, channel, task_locks=task_locks)

@@ -29,10 +29,13 @@ from typing import Any, ClassVar, NamedTuple
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
     Table,
     bindparam,
     func,
     insert,
+    inspect,
+    or_,
     select,
     update,
 )
@@ -42,13 +45,14 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
-from ..mixins import Status
+from ..mixins import LEASE_COLUMNS, Status
 from ..records import TaskRecord
 from ..types import UtcDateTime, utcnow
 
 __all__ = ["Adapter", "Listener"]
 
 SUCCESS_MESSAGE = "Concluído com sucesso"
+PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -166,9 +170,12 @@ class Adapter:
     supports_notify: ClassVar[bool] = False
     supports_task_locks: ClassVar[bool] = False
 
-    def __init__(self, table: Table, channel: str) -> None:
+    def __init__(self, table: Table, channel: str, *, task_locks: bool = True) -> None:
         self.table = table
         self.channel = channel
+        #: take a per-task lock at claim time, where the database has one that
+        #: dies with the connection (off behind a transaction-pooling proxy)
+        self.task_locks = task_locks and self.supports_task_locks
         qualified = f"{table.schema}.{table.name}" if table.schema else table.name
         self.qualified_name = qualified
         self.task_lock_namespace = lock_namespace(qualified, "task")
@@ -176,28 +183,53 @@ class Adapter:
         c = table.c
         self._claim_order = (c.prioridade.desc(), c.data_hora, c.id)
         self._insert_returning = insert(table).returning(c.id, sort_by_parameter_order=True)
-        self._complete_default = (
+        claimed = (c.status == Status.PROCESSING.value, c.worker_id == bindparam("owner"))
+        self._claimed_by_owner = claimed
+        # completion and hand-back are guarded by the claim: a row that is no
+        # longer 'processando' for this worker (rescued, taken over) is not
+        # touched, and the caller learns it from the row count
+        self._complete = (
             update(table)
-            .where(self._id_in("ids"))
+            .where(self._id_in("ids"), *claimed)
             .values(status=Status.SUCCEEDED.value, mensagem=SUCCESS_MESSAGE)
         )
         self._complete_custom = (
             update(table)
             .where(c.id == bindparam("b_id"))
-            .values(status=Status.SUCCEEDED.value, mensagem=bindparam("b_message"))
+            .values(mensagem=bindparam("b_message"))
         )
         self._hand_back = (
             update(table)
-            .where(self._id_in("ids"), c.status == Status.PROCESSING.value)
-            .values(status=Status.PENDING.value)
+            .where(self._id_in("ids"), *claimed)
+            .values(status=Status.PENDING.value, worker_id=None, lease_expires_at=None)
+        )
+        self._renew = (
+            update(table)
+            .where(self._id_in("ids"), *claimed)
+            .values(lease_expires_at=self.lease_deadline())
         )
         self._promote = (
             update(table)
-            .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+            .where(
+                c.id.in_(
+                    select(c.id)
+                    .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+                    .limit(PROMOTE_CHUNK)
+                    .scalar_subquery()
+                ),
+                c.status == Status.SCHEDULED.value,
+            )
             .values(status=Status.PENDING.value)
+        )
+        self._lost = (
+            select(c.id)
+            .where(c.status == Status.PROCESSING.value, self._lease_lost())
+            .order_by(c.id)
+            .limit(bindparam("limit", type_=Integer, literal_execute=True))
         )
         self._next_due = select(func.min(c.data_hora)).where(c.status == Status.SCHEDULED.value)
         self._payloads = select(c.id, c.payload).where(self._id_in("ids"))
+        self._rows_by_id = select(self.table).where(self._id_in("ids"))
         self._null_by_default = frozenset(
             column.name
             for column in c
@@ -213,6 +245,21 @@ class Adapter:
     def _id_in(self, name: str) -> ColumnElement[bool]:
         return self.table.c.id.in_(bindparam(name, expanding=True))
 
+    def lease_deadline(self) -> ColumnElement[dt.datetime]:
+        """``lease_seconds`` from now, in SQL (the application's clock by
+        default; the database's where the dialect can add an interval)."""
+        return bindparam("lease_deadline", type_=UtcDateTime())
+
+    def _lease_params(self, lease_seconds: float) -> dict[str, Any]:
+        """The parameters :meth:`lease_deadline` binds."""
+        return {"lease_deadline": utcnow() + dt.timedelta(seconds=lease_seconds)}
+
+    def _lease_lost(self) -> ColumnElement[bool]:
+        """The rescue's test of a 'processando' row: its lease has expired
+        (a row without a lease, claimed before leases existed, too)."""
+        c = self.table.c
+        return or_(c.lease_expires_at.is_(None), c.lease_expires_at < self.now())
+
     def prepare_engine(self, engine: Engine) -> None:
         """Per-dialect settings the worker needs on its own engine."""
 
@@ -221,6 +268,12 @@ class Adapter:
         if self.claim_autocommit:
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         return conn
+
+    def connect_maintenance(self, engine: Engine) -> Connection:
+        """A connection for the rescue and other routines: transactions at
+        the database's READ COMMITTED or stricter, never autocommit (a
+        failure and its retry row commit together)."""
+        return engine.connect()
 
     def _records(
         self, keys: Sequence[str], rows: Sequence[Sequence[Any]], conn: Connection
@@ -356,13 +409,17 @@ class Adapter:
         return False
 
     # ------------------------------------------------------------ claim
-    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        """Mark up to ``limit`` ready tasks ``processando`` for this connection,
-        commit that, and return them in claim order."""
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        """Mark up to ``limit`` ready tasks ``processando`` for ``owner``, with
+        a lease of ``lease_seconds``, commit that, and return them in claim
+        order."""
         raise UnsupportedOperationError(f"{self.family}: task_claim_many")
 
     def task_promote_due(self, conn: Connection) -> int:
-        """``agendada`` rows whose time has come become ``pendente``."""
+        """``agendada`` rows whose time has come become ``pendente`` (at most
+        PROMOTE_CHUNK, skipping rows another transaction has locked)."""
         return conn.execute(self._promote).rowcount
 
     def task_next_due(self, conn: Connection) -> dt.datetime | None:
@@ -370,46 +427,81 @@ class Adapter:
         value = conn.execute(self._next_due).scalar()
         return UtcDateTime().process_result_value(value, conn.dialect) if value else None
 
+    # ------------------------------------------------------------ leases
+    def task_lease_renew(
+        self, conn: Connection, *, ids: Sequence[int], owner: str, lease_seconds: float
+    ) -> int:
+        """Push the lease of ``owner``'s claimed ``ids`` ``lease_seconds``
+        ahead; the number of rows renewed."""
+        if not ids:
+            return 0
+        params = {"ids": list(ids), "owner": owner, **self._lease_params(lease_seconds)}
+        return conn.execute(self._renew, params).rowcount
+
     # ------------------------------------------------------------ finish
     def task_complete_many(
-        self, conn: Connection, *, results: Sequence[tuple[int, str | None]]
-    ) -> None:
-        """``sucesso`` with each message (None: the default message)."""
-        default = [task_id for task_id, message in results if message is None]
+        self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
+    ) -> int:
+        """``sucesso`` with each message (None: the default message), for
+        the rows still claimed by ``owner``; the number of rows completed."""
+        if not results:
+            return 0
+        ids = [task_id for task_id, _ in results]
+        done = conn.execute(self._complete, {"ids": ids, "owner": owner}).rowcount
         custom = [
             {"b_id": task_id, "b_message": message}
             for task_id, message in results
             if message is not None
         ]
-        if default:
-            conn.execute(self._complete_default, {"ids": default})
-        if custom:
+        if custom and done == len(ids):
             conn.execute(self._complete_custom, custom)
+        return int(done)
 
     def task_update(self, conn: Connection, *, task_id: int, values: Mapping[str, Any]) -> None:
         """Set columns (seed names) of one row."""
         conn.execute(update(self.table).where(self.table.c.id == task_id).values(**values))
 
-    def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int]) -> int:
+    def task_update_claimed(
+        self,
+        conn: Connection,
+        *,
+        task_id: int,
+        values: Mapping[str, Any],
+        owner: str | None,
+        lease_expires_at: dt.datetime | object | None = ...,
+    ) -> bool:
+        """Set columns of a row that is still ``processando`` for ``owner``
+        (and, when given, still has that lease: the rescue's check that the
+        worker did not renew it meanwhile). Whether the row was changed."""
+        c = self.table.c
+        where = [c.id == task_id, c.status == Status.PROCESSING.value]
+        where.append(c.worker_id.is_(None) if owner is None else c.worker_id == owner)
+        if lease_expires_at is not ...:
+            where.append(c.lease_expires_at.is_not_distinct_from(lease_expires_at))
+        return bool(conn.execute(update(self.table).where(*where).values(**values)).rowcount)
+
+    def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int], owner: str) -> int:
         """Claimed tasks that never ran go back to ``pendente``."""
         if not ids:
             return 0
-        return conn.execute(self._hand_back, {"ids": list(ids)}).rowcount
+        return conn.execute(self._hand_back, {"ids": list(ids), "owner": owner}).rowcount
+
+    # ------------------------------------------------------------ rescue
+    def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        """``processando`` rows whose claim is lost (lease expired, or the
+        worker's per-task lock died), oldest first, locked for the rest of
+        ``conn``'s transaction where the database can."""
+        ids = conn.execute(self._lost, {"limit": limit}).scalars().all()
+        if not ids:
+            return []
+        return self._fetch_records(conn, self._rows_by_id, {"ids": list(ids)})
 
     # ------------------------------------------------------------ locks
     def lock_release_many(self, conn: Connection, *, ids: Sequence[int]) -> None:
         """Release the per-task locks the claim connection took. A dialect
         without per-task locks took none, so it has nothing to release."""
-        if self.supports_task_locks:
+        if self.task_locks:
             raise UnsupportedOperationError(f"{self.family}: lock_release_many")
-
-    def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        """``processando`` rows whose worker is gone (their per-task lock is
-        free); returned with that lock now held by ``conn``."""
-        raise UnsupportedOperationError(
-            f"{self.family}: cannot tell a running task from a lost one "
-            "(no per-task lock that dies with the worker)"
-        )
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         """Try to take maintenance lock ``key`` on ``conn``, without waiting."""
@@ -417,6 +509,19 @@ class Adapter:
 
     def lock_release(self, conn: Connection, *, key: int) -> None:
         raise UnsupportedOperationError(f"{self.family}: lock_release")
+
+    # ------------------------------------------------------------ errors
+    def is_permanent(self, exc: BaseException) -> bool:
+        """Whether a connection error will not go away by waiting (the
+        database does not exist, authentication failed)."""
+        return False
+
+    def missing_columns(self, conn: Connection) -> list[str]:
+        """sqla-queue's own columns that the table in the database lacks."""
+        present = {column["name"] for column in inspect(conn).get_columns(
+            self.table.name, schema=self.table.schema
+        )}
+        return [name for name in LEASE_COLUMNS if name not in present]
 
     # ------------------------------------------------------------ wake-ups
     def notify(self, conn: Connection) -> None:

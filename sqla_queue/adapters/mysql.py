@@ -1,10 +1,13 @@
-"""MySQL and MariaDB: SKIP LOCKED claims and GET_LOCK per task.
+"""MySQL and MariaDB: SKIP LOCKED claims, leases, and GET_LOCK per task.
 
 There is no UPDATE ... RETURNING, so a claim is a short transaction on the
 claim connection: select ready rows ``FOR UPDATE SKIP LOCKED`` (MariaDB 10.6+,
 MySQL 8.0+), take a ``GET_LOCK`` per task (session-level: it dies with the
-connection, like a PostgreSQL advisory lock), mark them ``processando``,
-commit. Wake-ups are by polling: MySQL has no LISTEN/NOTIFY.
+connection, so the rescue sees a killed worker at once), mark them
+``processando`` with the worker's id and a lease, commit. The lock only makes
+the rescue faster: a task whose lease is still renewed is never rescued
+because its lock looks free, and completion is guarded by the claim.
+Wake-ups are by polling: MySQL has no LISTEN/NOTIFY.
 """
 
 from __future__ import annotations
@@ -12,51 +15,68 @@ from __future__ import annotations
 import datetime as dt
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Engine, Integer, bindparam, func, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter
-
-PROMOTE_CHUNK = 1000
+from .base import PROMOTE_CHUNK, Adapter
 
 
 class MySQLAdapter(Adapter):
     family = "mysql"
     claim_autocommit = False
     supports_task_locks = True
+    #: SELECT ... FOR UPDATE SKIP LOCKED (MariaDB 10.6+, MySQL 8.0+)
+    skip_locked: ClassVar[bool] = True
 
-    def __init__(self, table: Any, channel: str) -> None:
-        super().__init__(table, channel)
+    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
+        self._lock_prefixes: dict[str, str] = {}
+        super().__init__(table, channel, task_locks=task_locks)
         c = self.table.c
-        self._select_ready = (
+        self._select_ready = self._locking(
             select(self.table)
             .where(c.status == Status.PENDING.value, c.data_hora <= self.now())
             .order_by(*self._claim_order)
             .limit(self._limit_param())
-            .with_for_update(skip_locked=True)
         )
         self._mark_processing = (
-            update(self.table).where(self._id_in("ids")).values(status=Status.PROCESSING.value)
+            update(self.table)
+            .where(self._id_in("ids"))
+            .values(
+                status=Status.PROCESSING.value,
+                worker_id=bindparam("owner"),
+                lease_expires_at=self.lease_deadline(),
+            )
         )
-        self._processing = (
-            select(c.id)
-            .where(c.status == Status.PROCESSING.value)
-            .order_by(c.id)
-            .limit(self._limit_param())
+        self._lost = self._locking(self._lost)
+        self._mine = self._locking(
+            select(c.id).where(self._id_in("ids"), *self._claimed_by_owner)
         )
-        self._rows_by_id = select(self.table).where(self._id_in("ids"))
-        self._still_processing = select(self.table).where(
-            self._id_in("ids"), c.status == Status.PROCESSING.value
+        self._renew_ids = (
+            update(self.table)
+            .where(self._id_in("ids"))
+            .values(lease_expires_at=self.lease_deadline())
         )
-        # promotion in two steps: a plain read (no locks) finds the due rows,
-        # then an UPDATE by primary key. A single UPDATE ... WHERE status
-        # scans the status index under locks and deadlocks with the claim's
-        # UPDATE, whose index entries it touches.
-        self._due_ids = (
+        # promotion in two steps: a locking read that skips rows another
+        # transaction holds finds the due rows, then an UPDATE by primary key.
+        # A single UPDATE ... WHERE status scans the status index under locks,
+        # waits for any application transaction holding a due row, and
+        # deadlocks with the claim's UPDATE, whose index entries it touches.
+        self._due_ids = self._locking(
             select(c.id)
             .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
             .order_by(c.data_hora, c.id)
@@ -67,8 +87,9 @@ class MySQLAdapter(Adapter):
             .where(self._id_in("ids"), c.status == Status.SCHEDULED.value)
             .values(status=Status.PENDING.value)
         )
-        # lock names are at most 64 characters: hash the table name
-        self._lock_prefix = f"sqlaq:{zlib.crc32(self.qualified_name.encode()):08x}:"
+
+    def _locking(self, statement: Any) -> Any:
+        return statement.with_for_update(skip_locked=True) if self.skip_locked else statement
 
     def _limit_param(self) -> Any:
         return bindparam("limit", type_=Integer, literal_execute=True)
@@ -78,15 +99,45 @@ class MySQLAdapter(Adapter):
         # never wait for a claim
         return engine.connect().execution_options(isolation_level="READ COMMITTED")
 
+    def connect_maintenance(self, engine: Engine) -> Connection:
+        # READ COMMITTED: InnoDB then unlocks at once the rows a locking read
+        # examined but did not return (the rescue's live tasks), so their
+        # workers' completion does not wait for the rescue's transaction
+        return self.connect_claim(engine)
+
     def now(self) -> ColumnElement[dt.datetime]:
         return func.utc_timestamp(6)
+
+    def lease_deadline(self) -> ColumnElement[dt.datetime]:
+        return func.timestampadd(
+            literal_column("MICROSECOND"),
+            bindparam("lease_us", type_=Integer),
+            func.utc_timestamp(6),
+        )
+
+    def _lease_params(self, lease_seconds: float) -> dict[str, Any]:
+        return {"lease_us": int(lease_seconds * 1_000_000)}
+
+    def _lease_lost(self) -> ColumnElement[bool]:
+        """Expired, or (with task locks) nobody holds the task's GET_LOCK.
+        IS_USED_LOCK, not GET_LOCK: a rescue must not take the lock of a
+        task whose worker is alive, even on its own connection."""
+        c = self.table.c
+        expired = c.lease_expires_at < self.now()
+        if not self.task_locks:
+            return or_(c.lease_expires_at.is_(None), expired)
+        name = func.concat(bindparam("lock_prefix"), c.id)
+        return or_(expired, func.is_used_lock(name).is_(None))
 
     def is_transient(self, exc: BaseException) -> bool:
         # 1213 deadlock, 1205 lock wait timeout: InnoDB rolled the statement
         # or the transaction back, and the same work can be tried again
-        orig = getattr(exc, "orig", exc)
-        args: tuple[Any, ...] = getattr(orig, "args", ())
-        return bool(args) and args[0] in (1205, 1213)
+        return _errno(exc) in (1205, 1213)
+
+    def is_permanent(self, exc: BaseException) -> bool:
+        # access denied (to the server, a database, a table), no such
+        # database, no such table
+        return _errno(exc) in (1044, 1045, 1049, 1142, 1146, 1698)
 
     def task_promote_due(self, conn: Connection) -> int:
         ids = conn.execute(self._due_ids, {"limit": PROMOTE_CHUNK}).scalars().all()
@@ -94,28 +145,60 @@ class MySQLAdapter(Adapter):
             return 0
         return conn.execute(self._promote_ids, {"ids": list(ids)}).rowcount
 
-    def _lock_name(self, task_id: int) -> str:
-        return f"{self._lock_prefix}{task_id}"
+    def task_lease_renew(
+        self, conn: Connection, *, ids: Sequence[int], owner: str, lease_seconds: float
+    ) -> int:
+        if not ids:
+            return 0
+        # rows a transaction holds (a handler updating its own task) are
+        # skipped, not waited for: the heartbeat serves every lane
+        mine = conn.execute(self._mine, {"ids": list(ids), "owner": owner}).scalars().all()
+        if not mine:
+            return 0
+        params = {"ids": list(mine), **self._lease_params(lease_seconds)}
+        return conn.execute(self._renew_ids, params).rowcount
+
+    def _lock_prefix(self, conn: Connection) -> str:
+        """GET_LOCK names are server-wide: they hash the database and the
+        table, so one queue table in two databases of a server (tenants)
+        share no lock. Names are at most 64 characters."""
+        database = self.table.schema or conn.engine.url.database or ""
+        prefix = self._lock_prefixes.get(database)
+        if prefix is None:
+            if not database:
+                database = conn.execute(select(func.database())).scalar() or ""
+            digest = zlib.crc32(f"{database}.{self.table.name}".encode())
+            prefix = self._lock_prefixes[database] = f"sqlaq:{digest:08x}:"
+        return prefix
 
     def _get_locks(self, conn: Connection, ids: Sequence[int]) -> list[int]:
         """Take the lock of each id without waiting; the ids obtained."""
-        names = {f"n{i}": self._lock_name(task_id) for i, task_id in enumerate(ids)}
+        prefix = self._lock_prefix(conn)
+        names = {f"n{i}": f"{prefix}{task_id}" for i, task_id in enumerate(ids)}
         sql = "SELECT " + ", ".join(f"GET_LOCK(:{key}, 0)" for key in names)
         got = conn.execute(text(sql), names).one()
         return [task_id for task_id, ok in zip(ids, got, strict=True) if ok == 1]
 
-    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
         result = conn.execute(self._select_ready, {"limit": limit})
         keys = list(result.keys())
         rows = result.all()
         if not rows:
             return []
-        locked = self._get_locks(conn, [row.id for row in rows])
+        locked = self._get_locks(conn, [row.id for row in rows]) if self.task_locks else []
         try:
-            ours = set(locked)
-            rows = [row for row in rows if row.id in ours]
+            if self.task_locks:
+                ours = set(locked)
+                rows = [row for row in rows if row.id in ours]
             if rows:
-                conn.execute(self._mark_processing, {"ids": [row.id for row in rows]})
+                params = {
+                    "ids": [row.id for row in rows],
+                    "owner": owner,
+                    **self._lease_params(lease_seconds),
+                }
+                conn.execute(self._mark_processing, params)
             return self._records(keys, rows, conn)
         except BaseException:
             # GET_LOCK is not transactional: give back what this failed claim took
@@ -123,30 +206,31 @@ class MySQLAdapter(Adapter):
             raise
 
     def lock_release_many(self, conn: Connection, *, ids: Sequence[int]) -> None:
-        if not ids:
+        if not ids or not self.task_locks:
             return
-        names = {f"n{i}": self._lock_name(task_id) for i, task_id in enumerate(ids)}
+        prefix = self._lock_prefix(conn)
+        names = {f"n{i}": f"{prefix}{task_id}" for i, task_id in enumerate(ids)}
         sql = "SELECT " + ", ".join(f"RELEASE_LOCK(:{key})" for key in names)
         conn.execute(text(sql), names)
 
     def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        ids = conn.execute(self._processing, {"limit": limit}).scalars().all()
+        params: dict[str, Any] = {"limit": limit}
+        if self.task_locks:
+            params["lock_prefix"] = self._lock_prefix(conn)
+        ids = conn.execute(self._lost, params).scalars().all()
         if not ids:
             return []
-        ours = self._get_locks(conn, list(ids))
-        if not ours:
-            return []
-        # read again under the locks: a task that finished between the first
-        # read and the lock is not lost, and must not run twice
-        lost = self._fetch_records(conn, self._still_processing, {"ids": ours})
-        finished = set(ours) - {task.id for task in lost}
-        self.lock_release_many(conn, ids=sorted(finished))
-        return lost
+        return self._fetch_records(conn, self._rows_by_id, {"ids": list(ids)})
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
-        name = f"{self._lock_prefix}m{key}"
+        name = f"{self._lock_prefix(conn)}m{key}"
         return conn.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": name}).scalar() == 1
 
     def lock_release(self, conn: Connection, *, key: int) -> None:
-        name = f"{self._lock_prefix}m{key}"
+        name = f"{self._lock_prefix(conn)}m{key}"
         conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+
+
+def _errno(exc: BaseException) -> Any:
+    args: tuple[Any, ...] = getattr(getattr(exc, "orig", exc), "args", ())
+    return args[0] if args else None

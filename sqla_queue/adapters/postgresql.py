@@ -23,12 +23,14 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Float,
     Integer,
     any_,
     bindparam,
     cast,
     func,
     literal,
+    or_,
     select,
     text,
     update,
@@ -44,7 +46,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter, Listener, driver_cursor, statements_unobserved
+from .base import PROMOTE_CHUNK, Adapter, Listener, driver_cursor, statements_unobserved
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
@@ -91,8 +93,8 @@ class PostgresAdapter(Adapter):
         sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
         return sqlstate in self.TRANSIENT_SQLSTATES
 
-    def __init__(self, table: Any, channel: str) -> None:
-        super().__init__(table, channel)
+    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
+        super().__init__(table, channel, task_locks=task_locks)
         t = self.table
         c = t.c
         ready = (
@@ -106,25 +108,50 @@ class PostgresAdapter(Adapter):
         initial_payload = select(initial.c.payload).where(initial.c.id == c.id_inicial)
         columns = [col for col in c if col.name != "payload"]
         ns = literal(self.task_lock_namespace, Integer)
+        returned = [
+            *columns,
+            func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload"),
+        ]
+        if self.task_locks:
+            returned.append(func.pg_try_advisory_lock(ns, _lock_objid(c.id)).label("sqlaq_locked"))
         self._claim = (
             update(t)
             .where(c.id == any_(_array_of(ready)))
-            .values(status=Status.PROCESSING.value)
-            .returning(
-                *columns,
-                func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload"),
-                func.pg_try_advisory_lock(ns, _lock_objid(c.id)).label("sqlaq_locked"),
+            .values(
+                status=Status.PROCESSING.value,
+                worker_id=bindparam("owner"),
+                lease_expires_at=self.lease_deadline(),
             )
+            .returning(*returned)
         )
         self._unlock = text(
             "SELECT count(pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)) "
             "FROM unnest(CAST(:ids AS bigint[])) AS x"
         ).bindparams(ns=self.task_lock_namespace)
-        self._lost = text(
-            f"SELECT s.id FROM (SELECT id FROM {self._quoted()} WHERE status = 'processando' "
-            "ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) AS s "
-            "WHERE pg_try_advisory_lock(:ns, ((s.id % 4294967296) - 2147483648)::int4)"
-        ).bindparams(ns=self.task_lock_namespace)
+        self._lost = self._lost.with_for_update(skip_locked=True)
+        # renew only the rows no transaction holds: a handler that updates its
+        # own task row must not stall the heartbeat of every lane
+        mine = (
+            select(c.id)
+            .where(self._id_in("ids"), *self._claimed_by_owner)
+            .with_for_update(skip_locked=True)
+        )
+        self._renew = (
+            update(t)
+            .where(c.id == any_(_array_of(mine)))
+            .values(lease_expires_at=self.lease_deadline())
+        )
+        # due rows another transaction holds are left for the next round
+        due = (
+            select(c.id)
+            .where(c.status == Status.SCHEDULED.value, c.data_hora <= func.now())
+            .order_by(c.data_hora)
+            .limit(PROMOTE_CHUNK)
+            .with_for_update(skip_locked=True)
+        )
+        self._promote = (
+            update(t).where(c.id == any_(_array_of(due))).values(status=Status.PENDING.value)
+        )
         self._unnest_inserts = {}
         # The sequence is looked up once (a MATERIALIZED CTE): called per row,
         # pg_get_serial_sequence cost 4 of the 5 ms that 1,000 ids took.
@@ -145,6 +172,34 @@ class PostgresAdapter(Adapter):
 
     def now(self) -> ColumnElement[dt.datetime]:
         return func.now()
+
+    def lease_deadline(self) -> ColumnElement[dt.datetime]:
+        # the database's clock, the one the rescue compares it with
+        return func.clock_timestamp() + func.make_interval(
+            0, 0, 0, 0, 0, 0, bindparam("lease_seconds", type_=Float)
+        )
+
+    def _lease_params(self, lease_seconds: float) -> dict[str, Any]:
+        return {"lease_seconds": float(lease_seconds)}
+
+    def _lease_lost(self) -> ColumnElement[bool]:
+        """Expired, or (with task locks) no session of this database holds
+        the task's advisory lock. pg_locks is read, not pg_try_advisory_lock:
+        behind a transaction-pooling PgBouncer the try would succeed
+        re-entrantly on the very server session that holds a live task's
+        lock, and call it dead."""
+        c = self.table.c
+        expired = c.lease_expires_at < func.clock_timestamp()
+        if not self.task_locks:
+            return or_(c.lease_expires_at.is_(None), expired)
+        lock_free = text(
+            "NOT EXISTS (SELECT 1 FROM pg_locks AS l WHERE l.locktype = 'advisory'"
+            " AND l.granted AND l.objsubid = 2"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            f" AND l.classid = CAST({int(self.task_lock_namespace)} AS int4)::oid"
+            f" AND l.objid = ((({self._quoted()}.id % 4294967296) - 2147483648)::int4)::oid)"
+        )
+        return or_(expired, lock_free)
 
     def _id_in(self, name: str) -> ColumnElement[bool]:
         # one statement text for any number of ids: psycopg prepares it once
@@ -210,26 +265,30 @@ class PostgresAdapter(Adapter):
     def _can_copy(conn: Connection) -> bool:
         return conn.dialect.driver == "psycopg"
 
-    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        result = conn.execute(self._claim, {"limit": limit})
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        params = {"limit": limit, "owner": owner, **self._lease_params(lease_seconds)}
+        result = conn.execute(self._claim, params)
         keys = list(result.keys())
         rows = result.all()
-        unlocked = [row.id for row in rows if not row.sqlaq_locked]
-        if unlocked:
-            # the lock key is taken by a task 2**32 ids away: run it later
-            self.task_hand_back_many(conn, ids=unlocked)
-            rows = [row for row in rows if row.sqlaq_locked]
+        if self.task_locks:
+            unlocked = [row.id for row in rows if not row.sqlaq_locked]
+            if unlocked:
+                # the lock key is taken by a task 2**32 ids away: run it later
+                self.task_hand_back_many(conn, ids=unlocked, owner=owner)
+                rows = [row for row in rows if row.sqlaq_locked]
         return self._records(keys, rows, conn)
 
     def lock_release_many(self, conn: Connection, *, ids: Any) -> None:
-        if ids:
+        if ids and self.task_locks:
             conn.execute(self._unlock, {"ids": list(ids)})
 
-    def task_rescue_lost(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        ids = conn.execute(self._lost, {"limit": limit}).scalars().all()
-        if not ids:
-            return []
-        return self._fetch_records(conn, self._rows_by_id, {"ids": list(ids)})
+    def is_permanent(self, exc: BaseException) -> bool:
+        # 28xxx authentication, 3D000 no such database, 42xxx a missing
+        # table or privilege: waiting does not make them go away
+        sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None) or ""
+        return sqlstate[:2] in ("28", "42") or sqlstate == "3D000"
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         return bool(

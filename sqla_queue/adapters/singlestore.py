@@ -3,9 +3,9 @@
 Claims are optimistic: read candidate ids, then a conditional
 ``UPDATE ... WHERE id = :id AND status = 'pendente'`` per candidate; the row
 is ours only if the update changed it, so two workers never both win. With
-no lock that dies with a connection, a killed worker's tasks stay
-``processando`` until the socket server's lock service (client-server mode)
-or a lease says otherwise.
+no lock that dies with a connection, a killed worker's tasks are rescued
+when their lease expires (the rescue's update is conditional on the lease it
+read, so a worker that renewed it meanwhile keeps its task).
 
 Not run here: no SingleStore server is available on this machine. The DDL is
 compiled with the SingleStore dialect and this claim is run against MariaDB
@@ -26,9 +26,10 @@ from .mysql import MySQLAdapter
 class SingleStoreAdapter(MySQLAdapter):
     family = "singlestore"
     supports_task_locks = False
+    skip_locked = False
 
-    def __init__(self, table: Any, channel: str) -> None:
-        super().__init__(table, channel)
+    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
+        super().__init__(table, channel, task_locks=task_locks)
         c = self.table.c
         self._candidates = (
             select(c.id)
@@ -39,13 +40,22 @@ class SingleStoreAdapter(MySQLAdapter):
         self._take = (
             update(self.table)
             .where(c.id == bindparam("b_id"), c.status == Status.PENDING.value)
-            .values(status=Status.PROCESSING.value)
+            .values(
+                status=Status.PROCESSING.value,
+                worker_id=bindparam("owner"),
+                lease_expires_at=self.lease_deadline(),
+            )
         )
 
-    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
         ids = conn.execute(self._candidates, {"limit": limit}).scalars().all()
+        lease = self._lease_params(lease_seconds)
         won = [
-            task_id for task_id in ids if conn.execute(self._take, {"b_id": task_id}).rowcount == 1
+            task_id
+            for task_id in ids
+            if conn.execute(self._take, {"b_id": task_id, "owner": owner, **lease}).rowcount == 1
         ]
         if not won:
             return []

@@ -4,8 +4,8 @@ A claim is ``UPDATE ... WHERE id IN (SELECT ... LIMIT n) RETURNING`` inside
 ``BEGIN IMMEDIATE``: the write lock is taken before the read, so two workers
 never claim the same row. Waits for the lock use SQLite's busy timeout; the
 worker's engine runs in WAL mode so readers never wait for writers.
-SQLite has no lock that dies with a process, so a task whose worker was
-killed stays ``processando`` (a graceful stop hands tasks back).
+SQLite has no lock that dies with a process: a task whose worker was killed
+is rescued once its lease expires.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _use_wal(cursor: Any) -> None:
 class SQLiteAdapter(Adapter):
     family = "sqlite"
 
-    def __init__(self, table: Any, channel: str) -> None:
-        super().__init__(table, channel)
+    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
+        super().__init__(table, channel, task_locks=task_locks)
         c = self.table.c
         ready = (
             select(c.id)
@@ -62,7 +62,11 @@ class SQLiteAdapter(Adapter):
         self._claim = (
             update(self.table)
             .where(c.id.in_(ready.scalar_subquery()))
-            .values(status=Status.PROCESSING.value)
+            .values(
+                status=Status.PROCESSING.value,
+                worker_id=bindparam("owner"),
+                lease_expires_at=self.lease_deadline(),
+            )
             .returning(*c)
         )
 
@@ -91,5 +95,8 @@ class SQLiteAdapter(Adapter):
             # and then writes can fail at once instead of waiting its turn
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    def task_claim_many(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        return self._fetch_records(conn, self._claim, {"limit": limit})
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        params = {"limit": limit, "owner": owner, **self._lease_params(lease_seconds)}
+        return self._fetch_records(conn, self._claim, params)

@@ -44,6 +44,17 @@ class WorkerBase(abc.ABC):
     batch_size: ClassVar[int] = 100
     #: batches shrink so that one takes about this long (long tasks go one by one)
     batch_seconds: ClassVar[float] = 0.1
+    #: each task in a transaction of its own (no batching): for handlers that
+    #: set transaction-scoped state (SET LOCAL, set_config(..., true), the
+    #: row-level-security tenant switch) that the next task must not inherit
+    transaction_per_task: ClassVar[bool] = False
+    #: seconds a claim lasts without a heartbeat (renewed every third of it
+    #: while the handler runs); a dead worker's task is rescued after it
+    lease_seconds: ClassVar[float] = 30.0
+    #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
+    #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
+    #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
+    task_locks: ClassVar[bool | None] = None
 
     @abc.abstractmethod
     def execute(self, payload: Any, task: TaskRecord, session: Session) -> str | None:

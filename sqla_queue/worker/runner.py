@@ -17,8 +17,15 @@ the next scheduled task becomes due, whichever comes first.
 The first SIGTERM or SIGINT stops gracefully: running handlers finish, their
 batch commits, and claimed tasks not yet started go back to ``pendente``.
 A second signal exits at once; the database then rolls back the open
-transaction and the per-task locks die with the connections, so the rescue
-re-enqueues those tasks. Nothing is lost either way.
+transaction, and the rescue re-enqueues those tasks when their per-task
+locks die with the connections or, at the latest, their leases run out.
+Nothing is lost either way.
+
+A heartbeat thread renews the leases of the tasks the lanes hold (see
+``leases.py``); lane 0 runs the rescue every half lease. A lane survives any
+loss of its connections: it reconnects and carries on. Only errors that
+waiting cannot fix (authentication, a missing database or table) stop the
+worker, with one line that says which.
 """
 
 from __future__ import annotations
@@ -35,12 +42,20 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    InterfaceError,
+    OperationalError,
+    PendingRollbackError,
+    ResourceClosedError,
+)
 from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_for
-from ..exceptions import ConfigurationError, UnsupportedOperationError, WorkerDatabaseError
-from ..manager import TaskManager
+from ..exceptions import ConfigurationError, WorkerDatabaseError
+from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
+from ..manager import ConnectionLost, TaskManager
 from ..mixins import channel_of
 from ..records import TaskRecord
 from ..redaction import redact
@@ -51,7 +66,6 @@ from .base import WorkerBase
 logger = logging.getLogger("sqla_queue.worker")
 
 PROMOTE_EVERY_SECONDS = 1.0  # scheduled tasks are checked this often while busy
-RESCUE_EVERY_SECONDS = 60.0
 RECONNECT_DELAY_SECONDS = 2.0
 LISTEN_READY_TIMEOUT_SECONDS = 10.0
 
@@ -95,21 +109,39 @@ class Runner:
         self.settings = settings or Settings.from_env()
         self.concurrency = concurrency
         self.burst = burst
-        self.batch_size = batch_size or worker.batch_size
-        model = type(worker).queue_model()
+        cls = type(worker)
+        self.batch_size = 1 if cls.transaction_per_task else (batch_size or worker.batch_size)
+        self.lease = LeasePolicy(cls.lease_seconds)
+        model = cls.queue_model()
         self.engine = engine or self._create_engine(url)
+        self._check_pool()
         table = model.__table__
-        self.adapter: Adapter = adapter_for(self.engine.dialect, table, channel_of(model, table))  # type: ignore[arg-type]
+        task_locks = self.settings.task_locks if cls.task_locks is None else cls.task_locks
+        self.adapter: Adapter = adapter_for(
+            self.engine.dialect,
+            table,  # type: ignore[arg-type]
+            channel_of(model, table),  # type: ignore[arg-type]
+            task_locks=task_locks,
+        )
         self.adapter.prepare_engine(self.engine)
-        self.manager = TaskManager(self.adapter, worker.backoff(self.settings))
+        self.worker_id = new_worker_id()
+        self.claims = Claims(self.worker_id)
+        self.manager = TaskManager(
+            self.adapter, worker.backoff(self.settings), claims=self.claims, lease=self.lease
+        )
+        self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self._errors: list[BaseException] = []
         self._promote_at = 0.0
         self._rescue_at = 0.0
-        self._rescue_supported = self.adapter.supports_task_locks
         self._signals = 0
         self._trimmed = False
+
+    def _connections_needed(self) -> int:
+        # two per lane, the heartbeat's, the rescue's, a fresh one to record
+        # a batch whose connection died; the LISTEN connection leaves the pool
+        return 2 * self.concurrency + 3
 
     def _create_engine(self, url: str | URL | None) -> Engine:
         url = url or self.settings.url
@@ -119,8 +151,10 @@ class Runner:
             )
         parsed = normalize_url(url)
         options: dict[str, Any] = {"pool_pre_ping": True}
-        if dialect_family(parsed.get_backend_name()) != "sqlite":
-            options["pool_size"] = 2 * self.concurrency + 1
+        if parsed.database not in (None, "", ":memory:") or dialect_family(
+            parsed.get_backend_name()
+        ) != "sqlite":
+            options["pool_size"] = self._connections_needed()
         try:
             return create_engine(parsed, **options)
         except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
@@ -129,9 +163,26 @@ class Runner:
                 f"{redact(str(exc))}"
             ) from None
 
+    def _check_pool(self) -> None:
+        """A pool smaller than the lanes need would make them wait for each
+        other's connections forever; say so at start."""
+        pool = self.engine.pool
+        size = getattr(pool, "size", None)
+        overflow = getattr(pool, "_max_overflow", None)
+        if not callable(size) or overflow is None or overflow < 0:
+            return  # not a bounded QueuePool
+        allowed = size() + overflow
+        needed = self._connections_needed()
+        if allowed < needed:
+            raise ConfigurationError(
+                f"the engine's pool allows {allowed} connections and {self.concurrency} "
+                f"lane(s) need {needed}: lower --concurrency or raise pool_size/max_overflow"
+            )
+
     # ----------------------------------------------------------------- run
     def run(self) -> int:
         self._check_table()
+        self.heartbeat.start()
         listener = None
         if self.adapter.supports_notify and not self.burst:
             listener = self.adapter.listener(self.engine)
@@ -145,8 +196,9 @@ class Runner:
             for i in range(self.concurrency)
         ]
         logger.info(
-            "worker %s: %d lane(s) on %s (%s)%s",
+            "worker %s (%s): %d lane(s) on %s (%s)%s",
             type(self.worker).__name__,
+            self.worker_id,
             self.concurrency,
             self.adapter.qualified_name,
             self.engine.url.render_as_string(hide_password=True),
@@ -160,6 +212,7 @@ class Runner:
                     lane.join(timeout=0.5)
         finally:
             self.stop()
+            self.heartbeat.stop()
             if listener is not None:
                 listener.stop()
             restore()
@@ -176,22 +229,31 @@ class Runner:
         return WorkerDatabaseError(f"database error on {where}: {_describe(error)}")
 
     def _check_table(self) -> None:
-        """Refuse to start on a queue table that does not exist: every claim
-        would fail, and the worker would look alive doing nothing."""
+        """Refuse to start on a queue table that does not exist, or that
+        lacks sqla-queue's lease columns: every claim would fail, and the
+        worker would look alive doing nothing."""
         table = self.adapter.table
         try:
             with self.engine.connect() as conn:
                 exists = inspect(conn).has_table(table.name, schema=table.schema)
+                missing = self.adapter.missing_columns(conn) if exists else []
         except DBAPIError as exc:
-            if self.burst or not _is_disconnect(exc):
+            if self.burst or self.adapter.is_permanent(exc) or not _is_disconnect(exc):
                 raise self._database_error(exc) from exc
             logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
             return
+        where = self.engine.url.render_as_string(hide_password=True)
         if not exists:
             raise ConfigurationError(
                 f"the queue table {self.adapter.qualified_name} does not exist in "
-                f"{self.engine.url.render_as_string(hide_password=True)}: create it "
-                "(Base.metadata.create_all(engine), or a migration) or check the URL"
+                f"{where}: create it (Base.metadata.create_all(engine), or a migration) "
+                "or check the URL"
+            )
+        if missing:
+            raise ConfigurationError(
+                f"the queue table {self.adapter.qualified_name} in {where} lacks "
+                f"sqla-queue's column(s) {', '.join(missing)} (a table made by "
+                "nsj-queue-lib?): add them as docs/lifecycle.md#leases shows"
             )
 
     def stop(self) -> None:
@@ -223,25 +285,33 @@ class Runner:
             try:
                 self._lane_loop(index)
                 return
+            except ConnectionLost as exc:
+                cause = exc.__cause__
+                described = _describe(cause) if isinstance(cause, DBAPIError) else str(cause)
+                self._reconnect(index, described)
             except DBAPIError as exc:
                 if self.adapter.is_transient(exc):
                     # a deadlock or a lock timeout: the batch was handed back
                     logger.warning("lane %d: %s; retrying", index, _describe(exc))
                     continue
-                if self.burst or not _is_disconnect(exc):
-                    # a missing table, a permission: retrying cannot help
+                if self.burst or self.adapter.is_permanent(exc) or not _is_disconnect(exc):
+                    # a missing table, a permission, a refused login: waiting cannot help
                     self._errors.append(exc)
                     self.stop()
                     return
-                logger.warning(
-                    "lane %d lost the database (%s); reconnecting", index, _describe(exc)
-                )
-                self.stopping.wait(RECONNECT_DELAY_SECONDS)
+                self._reconnect(index, _describe(exc))
+            except (PendingRollbackError, ResourceClosedError) as exc:
+                # a statement on a connection that died under an earlier one
+                self._reconnect(index, type(exc).__name__)
             except BaseException as exc:
                 logger.exception("lane %d crashed", index)
                 self._errors.append(exc)
                 self.stop()
                 return
+
+    def _reconnect(self, index: int, why: str) -> None:
+        logger.warning("lane %d lost the database (%s); reconnecting", index, why)
+        self.stopping.wait(RECONNECT_DELAY_SECONDS)
 
     def _lane_loop(self, index: int) -> None:
         limit = BatchLimit(self.batch_size, self.worker.batch_seconds)
@@ -252,11 +322,11 @@ class Runner:
             _invalidated_on_error(claim_conn),
         ):
             if index == 0:
-                self._maybe_rescue(claim_conn, work_conn, force=True)
+                self._maybe_rescue(force=True)
             while not self.stopping.is_set():
                 self.wake.clear()
                 if index == 0:
-                    self._maybe_rescue(claim_conn, work_conn)
+                    self._maybe_rescue()
                 if time.monotonic() >= self._promote_at:  # due retries, even when busy
                     self._promote(claim_conn)
                 tasks = manager.claim(claim_conn, limit=limit.value)
@@ -293,15 +363,13 @@ class Runner:
             self._promote_at = min(self._promote_at, time.monotonic() + max(until_due, 0.0))
         return timeout
 
-    def _maybe_rescue(self, claim_conn: Any, work_conn: Any, force: bool = False) -> None:
+    def _maybe_rescue(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not self._rescue_supported or (not force and now < self._rescue_at):
+        if not force and now < self._rescue_at:
             return
-        self._rescue_at = now + RESCUE_EVERY_SECONDS
-        try:
-            self.manager.rescue(claim_conn, work_conn)
-        except UnsupportedOperationError:
-            self._rescue_supported = False
+        self._rescue_at = now + self.lease.rescue_every_seconds
+        with self.adapter.connect_maintenance(self.engine) as conn:
+            self.manager.rescue(conn)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,146 @@
+"""Leases: how a worker keeps its claim on the tasks it is running.
+
+A claim marks a task ``processando`` with the worker's id (``worker_id``)
+and a deadline (``lease_expires_at``). While the worker holds the task, a
+heartbeat thread pushes the deadline ahead every third of the lease, on a
+connection of its own, for every task of every lane in one statement. The
+rescue takes a task only once its lease has expired (or, on PostgreSQL and
+MariaDB, once the worker's per-task lock died with its connection: faster,
+never the only proof).
+
+Completion is guarded by the claim: the ``sucesso`` update of a batch
+matches only rows still ``processando`` for this worker, and a batch whose
+rows do not all match rolls back, handlers' work included. So a worker that
+lost a task (its connection died, its lease ran out and another worker
+rescued it) never commits that task's effects a second time. An expired
+lease alone does not void a claim: while nobody has rescued the task, the
+worker that holds it may still finish it, exactly once.
+
+The heartbeat renews only the tasks this process still holds. A task it
+gave up (its batch died with a connection) is not renewed, so its lease
+runs out and the rescue consumes its attempt, even if the process lives on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from .adapters import Adapter
+from .exceptions import ConfigurationError
+from .manager import describe_error
+from .mixins import WORKER_ID_MAX_LENGTH
+
+__all__ = ["Claims", "Heartbeat", "LeasePolicy", "new_worker_id"]
+
+logger = logging.getLogger("sqla_queue.leases")
+
+DEFAULT_LEASE_SECONDS = 30.0
+MIN_LEASE_SECONDS = 0.5
+MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+
+
+def new_worker_id() -> str:
+    """``host:pid:random``: unique per worker process, readable by operators."""
+    host = socket.gethostname()[:60]
+    return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"[:WORKER_ID_MAX_LENGTH]
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """How long a claim lasts without a heartbeat, and how often it beats."""
+
+    seconds: float = DEFAULT_LEASE_SECONDS
+
+    def __post_init__(self) -> None:
+        if not (
+            isinstance(self.seconds, (int, float))
+            and not isinstance(self.seconds, bool)
+            and math.isfinite(self.seconds)
+            and MIN_LEASE_SECONDS <= self.seconds <= MAX_LEASE_SECONDS
+        ):
+            raise ConfigurationError(
+                f"lease_seconds must be a number from {MIN_LEASE_SECONDS} to "
+                f"{MAX_LEASE_SECONDS:.0f}, not {self.seconds!r}"
+            )
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.seconds / 3
+
+    @property
+    def rescue_every_seconds(self) -> float:
+        """How often a worker looks for lost tasks: half a lease, so a dead
+        worker's task waits at most one and a half leases."""
+        return self.seconds / 2
+
+
+class Claims:
+    """The ids of the tasks this worker process holds, shared by its lanes."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._ids: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            self._ids.update(ids)
+
+    def discard(self, ids: Iterable[int]) -> None:
+        with self._lock:
+            self._ids.difference_update(ids)
+
+    def snapshot(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ids)
+
+
+class Heartbeat:
+    """A thread that renews the lease of every task in ``claims``."""
+
+    def __init__(
+        self, engine: Engine, adapter: Adapter, claims: Claims, policy: LeasePolicy
+    ) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self.claims = claims
+        self.policy = policy
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: set after each round that reached the database (tests wait on it)
+        self.beat = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sqla-queue-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def renew_once(self) -> int:
+        ids = self.claims.snapshot()
+        if not ids:
+            return 0
+        with self.adapter.connect_claim(self.engine) as conn, conn.begin():
+            return self.adapter.task_lease_renew(
+                conn, ids=ids, owner=self.claims.owner, lease_seconds=self.policy.seconds
+            )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.policy.heartbeat_seconds):
+            try:
+                self.renew_once()
+                self.beat.set()
+            except Exception as exc:  # the database is away: the next beat tries again
+                logger.warning("lease heartbeat failed: %s", describe_error(exc))
