@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Integer, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sqla_queue import QueueMixin, WorkerBase
@@ -27,6 +27,7 @@ class App:
     RecordingWorker: type[WorkerBase]
     FailingWorker: type[WorkerBase]
     BlockingWorker: type[WorkerBase]
+    KillerWorker: type[WorkerBase]
 
 
 def build(table: str) -> App:
@@ -88,7 +89,21 @@ def build(table: str) -> App:
             session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="blocked"))
             return None
 
-    return App(Base, Task, Effect, RecordingWorker, FailingWorker, BlockingWorker)
+    class KillerWorker(RecordingWorker):
+        """A poison task: its handler kills its own database connection."""
+
+        max_retry = 2
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if isinstance(payload, dict) and payload.get("kill"):
+                if session.bind.dialect.name == "postgresql":
+                    session.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+                else:
+                    me = session.execute(text("SELECT CONNECTION_ID()")).scalar()
+                    session.execute(text(f"KILL {int(me)}"))
+            return super().execute(payload, task, session)
+
+    return App(Base, Task, Effect, RecordingWorker, FailingWorker, BlockingWorker, KillerWorker)
 
 
 _app = build(os.environ.get("SQLA_QUEUE_TEST_TABLE", "fila_teste"))
@@ -97,3 +112,4 @@ Effect = _app.Effect
 RecordingWorker = _app.RecordingWorker
 FailingWorker = _app.FailingWorker
 BlockingWorker = _app.BlockingWorker
+KillerWorker = _app.KillerWorker

@@ -50,6 +50,11 @@ from .base import PROMOTE_CHUNK, Adapter, Listener, driver_cursor, statements_un
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
+# what the server answers a login that will never succeed, as libpq words it
+_REFUSED_LOGIN = re.compile(
+    r"FATAL:  (database \".*\" does not exist|role \".*\" does not exist"
+    r"|password authentication failed|no pg_hba\.conf entry|permission denied for database)"
+)
 
 LISTEN_POLL_SECONDS = 1.0  # how often the listener thread checks for stop
 RECONNECT_DELAY_SECONDS = 1.0
@@ -286,9 +291,13 @@ class PostgresAdapter(Adapter):
 
     def is_permanent(self, exc: BaseException) -> bool:
         # 28xxx authentication, 3D000 no such database, 42xxx a missing
-        # table or privilege: waiting does not make them go away
-        sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None) or ""
-        return sqlstate[:2] in ("28", "42") or sqlstate == "3D000"
+        # table or privilege: waiting does not make them go away. A refused
+        # login carries no SQLSTATE in psycopg (libpq reports it as text)
+        orig = getattr(exc, "orig", exc)
+        sqlstate = getattr(orig, "sqlstate", None) or ""
+        if sqlstate[:2] in ("28", "42") or sqlstate == "3D000":
+            return True
+        return sqlstate == "" and _REFUSED_LOGIN.search(str(orig)) is not None
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         return bool(

@@ -1,0 +1,371 @@
+"""Claims under faults: leases, the guarded completion, the rescue, promotion.
+
+Each test reproduces a defect found when the core was tried from outside
+(a task's effects committed twice, a lost task hidden from the rescue, a lane
+stalled by an application's row lock, GET_LOCK names shared between
+databases, transaction state leaking from task to task, user columns dropped
+from retries) and checks the fix, in-process and step by step: two
+``Runner`` objects are two workers with their own ids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    String,
+    create_engine,
+    func,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from sqla_queue import QueueMixin, WorkerBase
+from sqla_queue.leases import Heartbeat
+from sqla_queue.settings import Settings
+from sqla_queue.types import utcnow
+from sqla_queue.worker import Runner
+from tests.app import App
+from tests.conftest import wait_until
+from tests.test_worker import EXHAUSTED_SUFFIX, RESCUED, drain, effects, enqueue, tasks
+
+RESCUED_LAST = (
+    "Falha desconhecida de processamento (processamento abortado repentinamente)" + EXHAUSTED_SUFFIX
+)
+servers = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
+
+
+def runner(worker: type[WorkerBase], engine: Engine) -> Runner:
+    """A worker's runner, not started: its manager claims, runs and rescues."""
+    return Runner(worker(), engine=engine, settings=Settings())
+
+
+def expire_lease(engine: Engine, app: App, task_id: int) -> None:
+    """The lease ran out (its heartbeat stopped, as when the process hangs)."""
+    with engine.begin() as conn:
+        conn.execute(
+            update(app.Task)
+            .where(app.Task.id == task_id)
+            .values(lease_expires_at=utcnow() - dt.timedelta(hours=1))
+        )
+
+
+def rescue(worker: Runner) -> int:
+    with worker.adapter.connect_maintenance(worker.engine) as conn:
+        return worker.manager.rescue(conn)
+
+
+def backend_id(conn: Any) -> int:
+    with conn.begin():
+        if conn.dialect.name == "postgresql":
+            return int(conn.execute(select(func.pg_backend_pid())).scalar_one())
+        return int(conn.execute(text("SELECT CONNECTION_ID()")).scalar_one())
+
+
+def kill_backend(engine: Engine, pid: int) -> None:
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        else:
+            conn.execute(text(f"KILL {int(pid)}"))
+
+
+# --------------------------------------------------------------- the guarded completion
+def test_task_rescued_before_its_batch_commits_rolls_its_work_back(
+    engine: Engine, app: App, installed: None
+) -> None:
+    [task_id] = enqueue(engine, app, {"n": 1})
+    slow, rescuer = runner(app.RecordingWorker, engine), runner(app.RecordingWorker, engine)
+    with slow.adapter.connect_claim(engine) as claim, engine.connect() as work:
+        running = slow.manager.claim(claim, limit=1)
+        expire_lease(engine, app, task_id)
+        assert rescue(rescuer) == 1
+        result = slow.manager.run_batch(claim, work, running, slow.worker.dispatch)
+    assert (result.succeeded, result.failed) == (0, 0)
+    assert effects(engine, app) == []  # the late run's work rolled back
+
+    drain(app.RecordingWorker, engine)
+    lost, retry = tasks(engine, app)
+    assert (lost.id, lost.status, lost.message) == (task_id, "falha_processando", RESCUED)
+    assert (retry.initial_id, retry.status) == (task_id, "sucesso")
+    assert effects(engine, app) == [(retry.id, task_id, "{'n': 1}")]
+
+
+@servers
+def test_claim_connection_killed_under_a_handler_commits_the_effect_once(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The per-task lock died with the claim connection (a network blip, an
+    idle timeout, a DBA's kill) while the handler ran on the work connection:
+    another worker's rescue re-enqueued the task, so the first run must not
+    commit its work and 'sucesso' as well."""
+    [task_id] = enqueue(engine, app, {"n": 1})
+    rescuer = runner(app.RecordingWorker, engine)
+    rescued: list[int] = []
+
+    class Victim(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            kill_backend(engine, claim_pid)
+            wait_until(lambda: rescue(rescuer), message="the rescue to see the lost lock")
+            rescued.append(task.id)
+            return super().execute(payload, task, session)
+
+    victim = runner(Victim, engine)
+    with victim.adapter.connect_claim(engine) as claim, engine.connect() as work:
+        claim_pid = backend_id(claim)
+        running = victim.manager.claim(claim, limit=1)
+        result = victim.manager.run_batch(claim, work, running, victim.worker.dispatch)
+    assert rescued == [task_id]
+    assert result.succeeded == 0
+    assert effects(engine, app) == []
+
+    drain(app.RecordingWorker, engine)
+    assert [t.status for t in tasks(engine, app)] == ["falha_processando", "sucesso"]
+    assert len(effects(engine, app)) == 1
+
+
+@servers
+def test_heartbeat_keeps_a_task_longer_than_its_lease_from_the_rescue(
+    engine: Engine, app: App, installed: None
+) -> None:
+    [task_id] = enqueue(engine, app, {"n": 1})
+    rescuer = runner(app.RecordingWorker, engine)
+    rescues: list[int] = []
+
+    class Long(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        lease_seconds = 1.0
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            started = utcnow()
+            while utcnow() - started < dt.timedelta(seconds=2.5):  # 2.5 leases of work
+                heartbeat.beat.clear()
+                assert heartbeat.beat.wait(timeout=5), "no heartbeat"
+                rescues.append(rescue(rescuer))
+            return super().execute(payload, task, session)
+
+    long = runner(Long, engine)
+    heartbeat = Heartbeat(engine, long.adapter, long.claims, long.lease)
+    heartbeat.start()
+    try:
+        with long.adapter.connect_claim(engine) as claim, engine.connect() as work:
+            running = long.manager.claim(claim, limit=1)
+            result = long.manager.run_batch(claim, work, running, long.worker.dispatch)
+    finally:
+        heartbeat.stop()
+    assert len(rescues) >= 6 and set(rescues) == {0}
+    assert result.succeeded == 1
+    assert [(t.id, t.status) for t in tasks(engine, app)] == [(task_id, "sucesso")]
+    assert len(effects(engine, app)) == 1
+
+
+def test_rescue_of_the_last_attempt_says_so_once(engine: Engine, app: App, installed: None) -> None:
+    class OneAttempt(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+    [task_id] = enqueue(engine, app, {"n": 1})
+    lost = runner(OneAttempt, engine)
+    with lost.adapter.connect_claim(engine) as claim:
+        lost.manager.claim(claim, limit=1)
+    expire_lease(engine, app, task_id)
+    assert rescue(runner(OneAttempt, engine)) == 1
+    first, dead = tasks(engine, app)
+    assert (first.status, first.retries_exhausted, first.message) == (
+        "falha_processando",
+        True,
+        RESCUED_LAST,
+    )
+    assert (dead.dead, dead.live_id) == (True, task_id)
+
+
+# --------------------------------------------------------------- the rescue's reach
+def test_rescue_finds_a_lost_task_behind_150_running_ones(
+    engine: Engine, app: App, installed: None
+) -> None:
+    ids = enqueue(engine, app, *({"n": n} for n in range(151)))
+    busy, dying = runner(app.RecordingWorker, engine), runner(app.RecordingWorker, engine)
+    with busy.adapter.connect_claim(engine) as busy_claim:
+        assert [t.id for t in busy.manager.claim(busy_claim, limit=150)] == ids[:150]
+        dying_claim = dying.adapter.connect_claim(engine)
+        assert [t.id for t in dying.manager.claim(dying_claim, limit=1)] == ids[150:]
+        if engine.dialect.name == "sqlite":
+            expire_lease(engine, app, ids[150])
+        else:
+            # the worker died: its connection, and the per-task lock, with it
+            kill_backend(engine, backend_id(dying_claim))
+            dying_claim.invalidate()
+        rescuer = runner(app.RecordingWorker, engine)
+        with rescuer.adapter.connect_maintenance(engine) as conn:
+            wait_until(lambda: rescuer.manager.rescue(conn) == 1, message="the lost task's rescue")
+        status = {t.id: t.status for t in tasks(engine, app)}
+        assert status[ids[150]] == "falha_processando"
+        assert {status[i] for i in ids[:150]} == {"processando"}
+
+
+# --------------------------------------------------------------- promotion
+@servers
+def test_promotion_skips_a_due_row_an_application_transaction_holds(
+    engine: Engine, app: App, installed: None
+) -> None:
+    past = utcnow() - dt.timedelta(minutes=1)
+    ids = enqueue(engine, app, {"n": 1}, {"n": 2}, {"n": 3}, status="agendada", run_at=past)
+    worker = runner(app.RecordingWorker, engine)
+    promoted: list[int] = []
+    with engine.connect() as application, application.begin():
+        application.execute(select(app.Task).where(app.Task.id == ids[0]).with_for_update())
+        with worker.adapter.connect_claim(engine) as claim:
+            thread = threading.Thread(
+                target=lambda: promoted.append(worker.manager.promote_due(claim)), daemon=True
+            )
+            thread.start()
+            thread.join(timeout=10)
+            assert not thread.is_alive(), "promotion waited for the application's lock"
+    assert promoted == [2]
+    assert [t.status for t in tasks(engine, app)] == ["agendada", "pendente", "pendente"]
+
+
+# --------------------------------------------------------------- GET_LOCK names
+@pytest.fixture
+def second_mysql_database(db_url: str) -> Iterator[str]:
+    name = f"sqlaq_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(db_url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield str(admin.url.set(database=name).render_as_string(hide_password=False))
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP DATABASE {name}"))
+        admin.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["mysql"], indirect=True)
+def test_one_queue_table_in_two_databases_shares_no_lock(
+    engine: Engine, app: App, installed: None, second_mysql_database: str
+) -> None:
+    other = create_engine(second_mysql_database)
+    app.Base.metadata.create_all(other)
+    try:
+        [first] = enqueue(engine, app, {"n": 1})
+        [second] = enqueue(other, app, {"n": 1})
+        assert first == second  # the same id, hence the same lock name before the fix
+        here, there = runner(app.RecordingWorker, engine), runner(app.RecordingWorker, other)
+        with (
+            here.adapter.connect_claim(engine) as here_claim,
+            there.adapter.connect_claim(other) as there_claim,
+        ):
+            assert [t.id for t in here.manager.claim(here_claim, limit=1)] == [first]
+            assert [t.id for t in there.manager.claim(there_claim, limit=1)] == [second]
+    finally:
+        app.Base.metadata.drop_all(other)
+        other.dispose()
+
+
+# --------------------------------------------------------------- transaction state
+@pytest.fixture
+def rls_engine(db_url: str, engine: Engine, table_name: str) -> Iterator[tuple[Engine, str]]:
+    """A role without superuser rights (superusers bypass row-level
+    security), and a table whose rows only the current tenant sees."""
+    role = f"sqlaq_{uuid.uuid4().hex[:8]}"
+    docs = f"{table_name}_docs"
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+        conn.execute(text(f"CREATE TABLE {docs} (id serial PRIMARY KEY, tenant int NOT NULL)"))
+        conn.execute(text(f"ALTER TABLE {docs} ENABLE ROW LEVEL SECURITY"))
+        conn.execute(
+            text(
+                f"CREATE POLICY by_tenant ON {docs} USING "
+                "(tenant = NULLIF(current_setting('app.tenant', true), '')::int)"
+            )
+        )
+        for table in (table_name, f"{table_name}_effect", docs):
+            conn.execute(text(f"GRANT ALL ON {table} TO {role}"))
+        conn.execute(text(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"INSERT INTO {docs} (tenant) VALUES (1), (2), (2)"))
+    as_role = create_engine(engine.url.set(username=role))
+    try:
+        yield as_role, docs
+    finally:
+        as_role.dispose()
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {docs}"))
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_row_level_security_tenant_switch_does_not_leak_to_the_next_task(
+    engine: Engine, app: App, installed: None, rls_engine: tuple[Engine, str]
+) -> None:
+    """The usual RLS pattern: a handler sets its tenant for its transaction
+    only (``set_config(..., true)``) and reads what that tenant sees. A task
+    that sets no tenant must see nothing, not the previous task's rows: with
+    ``transaction_per_task`` every task has a transaction of its own."""
+    as_role, docs = rls_engine
+    seen: list[tuple[int | None, int]] = []
+
+    class Tenanted(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        transaction_per_task = True
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            if payload["tenant"] is not None:
+                session.execute(
+                    text("SELECT set_config('app.tenant', :t, true)"), {"t": str(payload["tenant"])}
+                )
+            count = session.execute(text(f"SELECT count(*) FROM {docs}")).scalar_one()
+            seen.append((payload["tenant"], count))
+            return None
+
+    enqueue(engine, app, {"tenant": 2}, {"tenant": None}, {"tenant": 1}, {"tenant": None})
+    drain(Tenanted, as_role)
+    assert seen == [(2, 2), (None, 0), (1, 1), (None, 0)]
+
+
+# --------------------------------------------------------------- the user's columns
+def test_columns_added_to_the_model_are_carried_to_retry_and_dead_rows(
+    engine: Engine, table_name: str, installed: None
+) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = f"{table_name}_own"
+        region: Mapped[str] = mapped_column(String(10), nullable=False)
+        batch_no: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+
+    class Failing(WorkerBase):
+        model = Task
+        max_retry = 2
+        retry_interval_minutes = 0
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            assert task.extra == {"region": "sul", "batch_no": 7}
+            raise RuntimeError("no")
+
+    Base.metadata.create_all(engine)
+    try:
+        with Session(engine) as session, session.begin():
+            session.add(Task(process="p", payload={"n": 1}, region="sul", batch_no=7))
+        drain(Failing, engine)
+        with Session(engine) as session:
+            rows = session.execute(
+                select(Task.attempt, Task.dead, Task.status, Task.region, Task.batch_no).order_by(
+                    Task.id
+                )
+            ).all()
+        assert [tuple(row) for row in rows] == [
+            (1, False, "falha", "sul", 7),
+            (2, False, "falha", "sul", 7),
+            (1, True, "sucesso", "sul", 7),
+        ]
+    finally:
+        Base.metadata.drop_all(engine)

@@ -1,0 +1,138 @@
+"""A long-running worker (the real CLI) under lost connections.
+
+It must survive any loss of its connections, reconnect and carry on without
+being restarted; a task that kills its own connection every time must use up
+its attempts and reach the dead letter instead of crash-looping; and errors
+that waiting cannot fix must stop the worker with one clear line.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from sqlalchemy import Engine, text
+
+from tests.app import App
+from tests.conftest import run_cli, wait_until
+from tests.test_concurrency import effects, insert_tasks, spawned, statuses, worker_env
+from tests.test_worker import tasks
+
+KILLER = "tests.app:KillerWorker"
+RECORDING = "tests.app:RecordingWorker"
+servers = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
+
+
+def kill_other_connections(engine: Engine) -> int:
+    """Kill every client connection of the database but this one (a DBA's
+    kill, a failover): the count killed."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            return len(
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                        "AND backend_type = 'client backend' AND application_name = ''"
+                    )
+                ).all()
+            )
+        ids = conn.execute(
+            text(
+                "SELECT id FROM information_schema.PROCESSLIST "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command <> 'Daemon'"
+            )
+        ).scalars()
+        killed = 0
+        for other in list(ids):
+            try:
+                conn.execute(text(f"KILL {int(other)}"))
+                killed += 1
+            except Exception:  # gone already
+                pass
+        return killed
+
+
+@servers
+def test_task_that_kills_its_connection_reaches_the_dead_letter_and_the_worker_lives(
+    engine: Engine, app: App, db_url: str, table_name: str
+) -> None:
+    [poison] = insert_tasks(engine, app, 1, process="poison")
+    with engine.begin() as conn:
+        conn.execute(
+            app.Task.__table__.update()
+            .where(app.Task.id == poison)
+            .values(payload='{"kill": true}', payload_hash=None)
+        )
+    with spawned("worker", KILLER, "--url", db_url, env=worker_env(table_name)) as [worker]:
+        wait_until(
+            lambda: any(t.dead and t.status == "sucesso" for t in tasks(engine, app)),
+            timeout=60,
+            message="the dead-letter run of the poison task",
+        )
+        healthy = insert_tasks(engine, app, 3)
+        wait_until(
+            lambda: all(statuses(engine, app)[i] == "sucesso" for i in healthy),
+            message="the healthy tasks after the poison one",
+        )
+        assert worker.proc.poll() is None, worker.output
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    chain = [t for t in tasks(engine, app) if t.process == "poison"]
+    assert [(t.attempt, t.dead, t.status) for t in chain] == [
+        (1, False, "falha"),
+        (2, False, "falha"),
+        (1, True, "sucesso"),
+    ]
+    assert "connection to the database lost while the task ran" in chain[0].message
+    assert "lost the database" in worker.output and "reconnecting" in worker.output
+    assert "Traceback" not in worker.output
+    assert (
+        sorted(task_id for task_id, _, _ in effects(engine, app) if task_id in healthy) == healthy
+    )
+
+
+@servers
+def test_worker_whose_connections_are_all_killed_carries_on_exactly_once(
+    engine: Engine, app: App, db_url: str, table_name: str
+) -> None:
+    with spawned(
+        "worker", RECORDING, "--url", db_url, "--concurrency", "2", env=worker_env(table_name)
+    ) as [worker]:
+        ids: list[int] = []
+        for _ in range(5):
+            ids += insert_tasks(engine, app, 200)
+            wait_until(lambda: kill_other_connections(engine) > 0, message="worker connections")
+        wait_until(
+            lambda: all(s == "sucesso" for s in statuses(engine, app).values() if s),
+            timeout=90,
+            message="every task to finish",
+        )
+        assert worker.proc.poll() is None, worker.output
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    finished = [t for t in tasks(engine, app) if t.status == "sucesso"]
+    done = effects(engine, app)
+    # every chain finished once, and each effect belongs to a 'sucesso' attempt
+    assert sorted({t.initial_id or t.id for t in finished}) == ids
+    assert sorted(task_id for task_id, _, _ in done) == sorted(t.id for t in finished)
+
+
+@pytest.mark.parametrize(
+    ("kind", "url"),
+    [
+        ("postgresql", "postgresql://postgres@127.0.0.1:5432/sqlaq_no_such_database"),
+        ("postgresql", "postgresql://sqlaq_no_such_role@127.0.0.1:5432/test"),
+        ("mysql", "mysql://root@127.0.0.1:3306/sqlaq_no_such_database"),
+        ("mysql", "mysql://sqlaq_no_such_user@127.0.0.1:3306/test"),
+    ],
+)
+def test_long_running_worker_stops_on_an_error_that_waiting_cannot_fix(kind: str, url: str) -> None:
+    from tests.conftest import server_url
+
+    server_url(kind)  # the server itself is up
+    proc = run_cli("worker", RECORDING, "--url", url, check=False, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert "database error on" in line
+    assert "Traceback" not in proc.stdout + proc.stderr
