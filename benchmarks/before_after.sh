@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Processing (c) and latency (d) of two sqla-queue commits and the fastest
+# peer, in one run, for a change to a hot path (the claim, the completion):
+#
+#   benchmarks/before_after.sh BEFORE_COMMIT [AFTER_COMMIT]   # default AFTER: HEAD
+#
+# Each commit is checked out into a temporary worktree and installed into a
+# venv of its own; then the harness's driver runs (c) and (d) for BEFORE,
+# AFTER and the peer, one after another. Results: $RESULTS/before.json,
+# after.json, <peer>.json and a table on stdout.
+#
+# Environment: PEER (default pgqueuer), REPS (default 3), DRIVER_ARGS (more
+# driver.py options), BENCH_HARNESS (default ../shared/bench), VENVS (default
+# /tmp/bench-venvs), RESULTS (default benchmarks/results/before_after).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BEFORE=${1:?usage: benchmarks/before_after.sh BEFORE_COMMIT [AFTER_COMMIT]}
+AFTER=${2:-HEAD}
+HARNESS=$(cd "${BENCH_HARNESS:-$ROOT/../shared/bench}" && pwd)
+PEER=${PEER:-pgqueuer}
+REPS=${REPS:-3}
+VENVS=${VENVS:-/tmp/bench-venvs}
+RESULTS=${RESULTS:-benchmarks/results/before_after}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+WORK=$(mktemp -d)
+trap 'git -C "$ROOT" worktree remove --force "$WORK/before" 2>/dev/null || true;
+      git -C "$ROOT" worktree remove --force "$WORK/after" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+for side in before after; do
+  commit=$BEFORE; [ "$side" = after ] && commit=$AFTER
+  git worktree add -q --detach "$WORK/$side" "$commit"
+  venv=$VENVS/sqla_queue_$side
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -e "$WORK/$side[postgresql]" 2>/dev/null \
+    || "$venv/bin/pip" install -q --disable-pip-version-check -e "$WORK/$side"
+done
+if [ ! -x "$VENVS/$PEER/bin/python" ]; then
+  python3 -m venv "$VENVS/$PEER"
+  "$VENVS/$PEER/bin/pip" install -q --disable-pip-version-check -r "$HARNESS/requirements/$PEER.txt"
+fi
+
+cd "$HARNESS"
+for side in before after; do
+  log "sqla_queue $side ($(git -C "$WORK/$side" rev-parse --short HEAD))"
+  # shellcheck disable=SC2086  # DRIVER_ARGS is a list of options
+  PYTHONPATH="$WORK/$side/benchmarks/peers" "$VENVS/sqla_queue_$side/bin/python" driver.py \
+    --adapter sqla_queue_adapter --db "bench_sqla_queue_$side" --reps "$REPS" --only c,d \
+    --out "$RESULTS/$side.json" ${DRIVER_ARGS:-}
+done
+log "peer $PEER"
+# shellcheck disable=SC2086
+"$VENVS/$PEER/bin/python" driver.py --adapter "${PEER}_adapter" --db "bench_$PEER" \
+  --reps "$REPS" --only c,d --out "$RESULTS/$PEER.json" ${DRIVER_ARGS:-}
+
+python3 - "$RESULTS" "$PEER" <<'EOF'
+import json, pathlib, statistics, sys
+results, peer = pathlib.Path(sys.argv[1]), sys.argv[2]
+print("| run | setting | (c) tasks/s, median | (d) p50 ms | (d) p99 ms |")
+print("|---|---|---|---|---|")
+for name in ("before", "after", peer):
+    data = json.loads((results / f"{name}.json").read_text())
+    latency = data.get("d", {})
+    for setting, runs in data.get("c", {}).items():
+        rate = statistics.median(r["rate"] for r in runs)
+        lat = latency.get(setting)
+        p50 = f"{statistics.median(r['p50'] for r in lat):.2f}" if lat else ""
+        p99 = f"{statistics.median(r['p99'] for r in lat):.2f}" if lat else ""
+        print(f"| {name} {data.get('version', '')} | {setting} | {rate:,.0f} | {p50} | {p99} |")
+EOF
