@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make quickstart   the quick start on SQLite (embedded, nothing to run)
-#   make test         the whole test suite (starts PostgreSQL/MariaDB if down)
+#   make test         the whole test suite (installs PgBouncer if missing,
+#                     starts PostgreSQL/MariaDB if down)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,6 +18,7 @@ quickstart: $(VENV)/.installed
 	$(PY) examples/quickstart.py
 
 test: $(VENV)/.installed
+	scripts/install-test-deps.sh
 	scripts/start-databases.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 

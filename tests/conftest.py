@@ -26,6 +26,9 @@ from sqla_queue import install, uninstall
 from sqla_queue.settings import normalize_url
 from tests.app import App, build
 
+# PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests
+pytest_plugins = ["tests.servers"]
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install the system packages the tests need besides the database servers:
+# PgBouncer (tests/servers.py starts pgbouncer processes of its own; the Debian
+# service is not used). Does nothing when everything is there; runs apt-get
+# update only if apt-get cannot find a package without it. When it cannot
+# install (not root, no apt-get, no network) it says so and goes on: the tests
+# that need the package then skip, or fail under SQLA_QUEUE_REQUIRE_DATABASES=1.
+set -u
+PATH=$PATH:/usr/sbin:/sbin
+missing=()
+command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+warn() { echo "install-test-deps: $* (tests needing ${missing[*]} will skip)" >&2; exit 0; }
+command -v apt-get >/dev/null 2>&1 || warn "no apt-get: install ${missing[*]} by hand"
+sudo=()
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo=(sudo -n); else
+    warn "not root: install ${missing[*]} by hand"
+  fi
+fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+install() {
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends -o Dpkg::Use-Pty=0 "${missing[@]}" >"$log" 2>&1
+}
+echo "install-test-deps: installing ${missing[*]}"
+if ! install; then
+  "${sudo[@]}" apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; warn "apt-get update failed"; }
+  install || { cat "$log" >&2; warn "apt-get install ${missing[*]} failed"; }
+fi
+exit 0
