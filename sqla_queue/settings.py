@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Settings", "database_url", "normalize_url"]
+__all__ = ["Settings", "database_url", "engine_options", "normalize_url"]
 
 _DRIVERS = {
     "POSTGRES": "postgresql+psycopg",
@@ -46,6 +47,31 @@ def normalize_url(url: str | URL) -> URL:
     if parsed.drivername in _DEFAULT_DRIVERS:
         parsed = parsed.set(drivername=_DEFAULT_DRIVERS[parsed.drivername])
     return parsed
+
+
+def engine_options(url: URL) -> tuple[URL, dict[str, Any]]:
+    """The URL without the options sqla-queue reads itself, and the DBAPI
+    connect arguments they stand for.
+
+    ``prepare_threshold`` (psycopg 3): ``none`` turns off the server-side
+    prepared statements psycopg makes after five runs of a statement, which
+    a transaction-pooling PgBouncer before 1.21 hands to other clients
+    (docs/pgbouncer.md). psycopg would take the URL's text as is, and fail."""
+    connect_args: dict[str, Any] = {}
+    raw = url.query.get("prepare_threshold")
+    if raw is None:
+        return url, connect_args
+    value = raw if isinstance(raw, str) else raw[-1]
+    if value.strip().lower() in ("none", "null", ""):
+        connect_args["prepare_threshold"] = None
+    else:
+        try:
+            connect_args["prepare_threshold"] = int(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"prepare_threshold in the database URL must be a number or none, not {value!r}"
+            ) from None
+    return url.difference_update_query(["prepare_threshold"]), connect_args
 
 
 def _first(env: Mapping[str, str], *names: str) -> str | None:

@@ -59,7 +59,7 @@ from ..manager import ConnectionLost, TaskManager
 from ..mixins import channel_of
 from ..records import TaskRecord
 from ..redaction import redact
-from ..settings import Settings, normalize_url
+from ..settings import Settings, engine_options, normalize_url
 from ..types import dialect_family, utcnow
 from .base import WorkerBase
 
@@ -149,8 +149,8 @@ class Runner:
             raise ConfigurationError(
                 "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
             )
-        parsed = normalize_url(url)
-        options: dict[str, Any] = {"pool_pre_ping": True}
+        parsed, connect_args = engine_options(normalize_url(url))
+        options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
         if parsed.database not in (None, "", ":memory:") or dialect_family(
             parsed.get_backend_name()
         ) != "sqlite":
