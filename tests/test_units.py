@@ -375,6 +375,9 @@ class TestRedaction:
 
 
 # --------------------------------------------------------------- settings
+MAX_RETRY_RANGE = "must be a whole number from 1 to 1000000"
+MINUTES = "must be a number of minutes from 0 to 1440"
+SECONDS = "must be a number of seconds greater than 0 and at most 86400"
 DB_ENV = {
     "DB_HOST": "db.example",
     "DB_PORT": "5433",
@@ -459,7 +462,9 @@ class TestSettings:
         assert "SINGLE_STORE" in str(info.value)
 
     def test_bad_db_port_names_the_variable(self) -> None:
-        with pytest.raises(ConfigurationError, match="DB_PORT must be a number, not 'x'"):
+        with pytest.raises(
+            ConfigurationError, match="DB_PORT must be a whole number from 1 to 65535, not 'x'"
+        ):
             Settings.from_env({**DB_ENV, "DB_PORT": "x"})
 
     @pytest.mark.parametrize(
@@ -475,11 +480,11 @@ class TestSettings:
     @pytest.mark.parametrize(
         ("name", "value", "expected"),
         [
-            ("QUEUE_MAX_RETRY", "1.5", "QUEUE_MAX_RETRY must be a whole number, not '1.5'"),
-            ("QUEUE_MAX_RETRY", "many", "QUEUE_MAX_RETRY must be a whole number, not 'many'"),
+            ("QUEUE_MAX_RETRY", "1.5", f"QUEUE_MAX_RETRY {MAX_RETRY_RANGE}, not '1.5'"),
+            ("QUEUE_MAX_RETRY", "many", f"QUEUE_MAX_RETRY {MAX_RETRY_RANGE}, not 'many'"),
             ("QUEUE_BASE_INTERVAL_RETRY", "five", "QUEUE_BASE_INTERVAL_RETRY must be a number"),
             ("QUEUE_WAIT_NOTIFY_INTERVAL", "soon", "QUEUE_WAIT_NOTIFY_INTERVAL must be a number"),
-            ("QUEUE_WAIT_NOTIFY_INTERVAL", "-1", "QUEUE_WAIT_NOTIFY_INTERVAL cannot be negative"),
+            ("QUEUE_WAIT_NOTIFY_INTERVAL", "-1", f"QUEUE_WAIT_NOTIFY_INTERVAL {SECONDS}, not '-1'"),
             ("SQLA_QUEUE_POLL_INTERVAL", "x", "SQLA_QUEUE_POLL_INTERVAL must be a number"),
         ],
     )
@@ -487,6 +492,55 @@ class TestSettings:
         with pytest.raises(ConfigurationError) as info:
             Settings.from_env({name: value})
         assert expected in str(info.value)
+
+    @pytest.mark.parametrize(
+        ("name", "value", "allowed"),
+        [
+            (name, value, allowed)
+            for name, allowed, values in [
+                (
+                    "QUEUE_MAX_RETRY",
+                    MAX_RETRY_RANGE,
+                    ["nan", "inf", "0", "-3", "1000001", "9" * 30],
+                ),
+                (
+                    "QUEUE_BASE_INTERVAL_RETRY",
+                    MINUTES,
+                    ["nan", "NaN", "inf", "-inf", "1e308", "1441"],
+                ),
+                (
+                    "SQLA_QUEUE_POLL_INTERVAL",
+                    SECONDS,
+                    ["nan", "inf", "0", "-0.5", "86401", "1e400"],
+                ),
+                ("QUEUE_WAIT_NOTIFY_INTERVAL", SECONDS, ["nan", "Infinity", "0", "1e10"]),
+                ("DB_PORT", "must be a whole number from 1 to 65535", ["0", "65536", "nan"]),
+            ]
+            for value in values
+        ],
+    )
+    def test_absurd_number_is_refused_with_the_range(
+        self, name: str, value: str, allowed: str
+    ) -> None:
+        with pytest.raises(ConfigurationError) as info:
+            Settings.from_env({**DB_ENV, name: value})
+        assert str(info.value) == f"{name} {allowed}, not {value!r}"
+
+    @pytest.mark.parametrize(
+        ("name", "value", "attribute", "expected"),
+        [
+            ("QUEUE_MAX_RETRY", "1", "max_retry", 1),
+            ("QUEUE_MAX_RETRY", "1000000", "max_retry", 1_000_000),
+            ("QUEUE_BASE_INTERVAL_RETRY", "0", "base_interval_retry_minutes", 0.0),
+            ("QUEUE_BASE_INTERVAL_RETRY", "1440", "base_interval_retry_minutes", 1440.0),
+            ("SQLA_QUEUE_POLL_INTERVAL", "0.001", "poll_interval_seconds", 0.001),
+            ("QUEUE_WAIT_NOTIFY_INTERVAL", "86400", "listen_fallback_seconds", 86400.0),
+        ],
+    )
+    def test_the_ends_of_each_range_are_accepted(
+        self, name: str, value: str, attribute: str, expected: float
+    ) -> None:
+        assert getattr(Settings.from_env({name: value}), attribute) == expected
 
     def test_numbers_are_read(self) -> None:
         settings = Settings.from_env(
@@ -563,11 +617,15 @@ class TestLinearBackoff:
         assert backoff.next_attempt_at(99, FAILED_AT) is not None
         assert backoff.next_attempt_at(100, FAILED_AT) is None
 
-    def test_invalid_values_name_the_setting(self) -> None:
-        with pytest.raises(ConfigurationError, match="QUEUE_MAX_RETRY must be at least 1"):
+    def test_invalid_values_name_the_parameter(self) -> None:
+        # a worker names its class attribute or variable (test_configuration.py);
+        # a LinearBackoff built by hand names its own parameter
+        with pytest.raises(ConfigurationError, match="LinearBackoff max_attempts must be"):
             LinearBackoff(max_attempts=0)
-        with pytest.raises(ConfigurationError, match="QUEUE_BASE_INTERVAL_RETRY cannot be"):
+        with pytest.raises(ConfigurationError, match="LinearBackoff base_interval_minutes must"):
             LinearBackoff(base_interval_minutes=-1)
+        with pytest.raises(ConfigurationError, match=r"base_interval_minutes must .*, not nan"):
+            LinearBackoff(base_interval_minutes=float("nan"))
 
 
 # ------------------------------------------------------------- TaskRecord

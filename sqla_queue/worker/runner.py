@@ -89,6 +89,7 @@ class Runner:
         batch_size: int | None = None,
         settings: Settings | None = None,
     ) -> None:
+        type(worker).check_configuration()
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
         self.worker = worker
@@ -124,6 +125,11 @@ class Runner:
         try:
             return create_engine(parsed, **options)
         except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
+            from ..settings import driver_error  # only this failure path needs it
+
+            missing = driver_error(parsed, exc)  # a driver not installed: name its extra
+            if missing is not None:
+                raise missing from None
             raise ConfigurationError(
                 f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
                 f"{redact(str(exc))}"
