@@ -99,10 +99,10 @@ class WorkerBase(abc.ABC):
         """Refuse a worker class that cannot run, before it is instantiated:
         one ConfigurationError naming the class and the attribute.
 
-        Checks that ``execute`` is implemented, that neither handler is a
-        coroutine function (the runner would get a coroutine back, never run
-        it, and record the task as done), the tuning attributes' types and
-        ranges, and ``model``."""
+        Checks that ``execute`` is implemented, that none of ``HANDLERS`` is
+        a coroutine function (the runner would get a coroutine back, never
+        run it, and record the task as done), the tuning attributes' types
+        and ranges, and ``model``."""
         name = cls.__name__
         abstract = sorted(getattr(cls, "__abstractmethods__", ()))
         if "execute" in abstract:
