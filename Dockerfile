@@ -5,10 +5,11 @@ FROM python:3.11-slim
 
 WORKDIR /app
 # only what the package and the example need (keeps .venv and caches out)
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY sqla_queue ./sqla_queue
 COPY examples ./examples
-RUN pip install --no-cache-dir .
+# the drivers are extras; docker-compose.yml runs this worker on PostgreSQL
+RUN pip install --no-cache-dir '.[postgresql,mysql]'
 
 # `sqla-queue worker module:Class` imports the module from the working
 # directory, so examples.quickstart:Faturar is found here.

@@ -1,32 +1,43 @@
 # Two commands set everything up on a fresh machine:
-#   make quickstart   the quick start on SQLite (embedded, nothing to run)
-#   make test         the whole test suite (installs PgBouncer if missing,
-#                     starts PostgreSQL/MariaDB if down)
+#   make quickstart   the quick start on SQLite (embedded, nothing to run); installs
+#                     sqla-queue alone: no database driver, no test or lint tools
+#   make test         the whole test suite (installs PgBouncer if missing, starts
+#                     PostgreSQL/MariaDB if down); installs .[dev]: the PostgreSQL
+#                     and MySQL drivers, pytest, ruff, mypy
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 
 .PHONY: quickstart test lint bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check --upgrade pip
-	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PIP) --upgrade pip
+
+# sqla-queue alone (SQLAlchemy, alembic, click, requests): all SQLite needs
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) -e .
 	touch $@
 
-quickstart: $(VENV)/.installed
+# sqla-queue with the test extras (drivers) and the dev tools
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) -e '.[dev]'
+	touch $@
+
+quickstart: $(VENV)/.installed-base
 	$(PY) examples/quickstart.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	scripts/install-test-deps.sh
 	scripts/start-databases.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks
 	$(VENV)/bin/mypy
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-dev
 	benchmarks/run.sh
 
 clean:

@@ -54,7 +54,8 @@ PY=$VENVS/sqla_queue/bin/python
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
 # 1. peers (builds the sqla_queue venv, editable, when sqla_queue is in PEERS)
-ADAPTER_PATH=benchmarks/peers RESULTS=$PEER_RESULTS INSTALL_sqla_queue="-e $ROOT" \
+# the drivers are extras: [postgresql,mysql] for the PostgreSQL and MariaDB runs
+ADAPTER_PATH=benchmarks/peers RESULTS=$PEER_RESULTS INSTALL_sqla_queue="-e $ROOT[postgresql,mysql]" \
   PEERS=$PEERS REPS=$REPS "$HARNESS/run_peers.sh"
 rm -f "$PEER_RESULTS/RESULTS.md"  # step 4 writes the complete one
 
@@ -62,7 +63,7 @@ if [ -z "${SKIP_CLIENT:-}" ] || [ -z "${SKIP_OWN:-}" ] || [ -z "${SKIP_GROWTH:-}
   if [ ! -x "$PY" ]; then
     log "creating venv $VENVS/sqla_queue"
     python3 -m venv "$VENVS/sqla_queue"
-    "$VENVS/sqla_queue/bin/pip" install -q --disable-pip-version-check -e "$ROOT"
+    "$VENVS/sqla_queue/bin/pip" install -q --disable-pip-version-check -e "$ROOT[postgresql,mysql]"
   fi
 fi
 

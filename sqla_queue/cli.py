@@ -76,6 +76,8 @@ def worker(
             level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         cls = load_worker(worker)
+        # before cls(): an abstract class would raise a TypeError with a traceback
+        cls.check_configuration()
         code = cls().run(
             url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
         )

@@ -24,7 +24,6 @@ runs out and the rescue consumes its attempt, even if the process lives on.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -35,17 +34,17 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from .adapters import Adapter
-from .exceptions import ConfigurationError
 from .manager import describe_error
 from .mixins import WORKER_ID_MAX_LENGTH
+from .settings import Range
 
 __all__ = ["Claims", "Heartbeat", "LeasePolicy", "new_worker_id"]
 
 logger = logging.getLogger("sqla_queue.leases")
 
 DEFAULT_LEASE_SECONDS = 30.0
-MIN_LEASE_SECONDS = 0.5
-MAX_LEASE_SECONDS = 7 * 24 * 3600.0
+#: shorter than half a second, heartbeats would be most of a worker's work
+LEASE_SECONDS = Range(0.5, 7 * 24 * 3600, unit="seconds")
 
 
 def new_worker_id() -> str:
@@ -61,16 +60,7 @@ class LeasePolicy:
     seconds: float = DEFAULT_LEASE_SECONDS
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.seconds, (int, float))
-            and not isinstance(self.seconds, bool)
-            and math.isfinite(self.seconds)
-            and MIN_LEASE_SECONDS <= self.seconds <= MAX_LEASE_SECONDS
-        ):
-            raise ConfigurationError(
-                f"lease_seconds must be a number from {MIN_LEASE_SECONDS} to "
-                f"{MAX_LEASE_SECONDS:.0f}, not {self.seconds!r}"
-            )
+        LEASE_SECONDS.check("lease_seconds", self.seconds)
 
     @property
     def heartbeat_seconds(self) -> float:

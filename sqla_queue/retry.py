@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from .exceptions import ConfigurationError
+from .settings import BASE_INTERVAL_MINUTES, MAX_RETRY
 
 
 @dataclass(frozen=True)
@@ -21,12 +21,13 @@ class LinearBackoff:
     base_interval_minutes: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigurationError(f"QUEUE_MAX_RETRY must be at least 1, not {self.max_attempts}")
-        if self.base_interval_minutes < 0:
-            raise ConfigurationError(
-                f"QUEUE_BASE_INTERVAL_RETRY cannot be negative ({self.base_interval_minutes})"
-            )
+        # Named after these parameters: a worker checks its own values first
+        # (WorkerBase.backoff) and names the class attribute or the variable
+        # they came from; this only catches a LinearBackoff built by hand.
+        MAX_RETRY.check("LinearBackoff max_attempts", self.max_attempts)
+        BASE_INTERVAL_MINUTES.check(
+            "LinearBackoff base_interval_minutes", self.base_interval_minutes
+        )
 
     def next_attempt_at(self, attempt: int, failed_at: dt.datetime) -> dt.datetime | None:
         """When attempt ``attempt + 1`` runs; None when ``attempt`` was the last."""

@@ -4,21 +4,37 @@
 seed's ``DB_*`` / ``DATABASE_*`` variables build one. Every other variable
 keeps the seed's name and default (see ``docs/configuration.md``), with one
 fix: ``QUEUE_WAIT_NOTIFY_INTERVAL`` is read from its own name (the reference
-read it from ``QUEUE_PURGE_LIMIT``).
+read it from ``QUEUE_PURGE_LIMIT``). Every number is checked against a range
+when it is read (NaN, infinities and absurd values stop the worker at start
+with one line naming the variable), and a URL whose driver is not installed
+is reported with the extra that installs it (:func:`driver_error`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import NoSuchModuleError
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Settings", "database_url", "engine_options", "normalize_url"]
+__all__ = [
+    "BASE_INTERVAL_MINUTES",
+    "MAX_RETRY",
+    "PORT",
+    "WAIT_SECONDS",
+    "Range",
+    "Settings",
+    "database_url",
+    "driver_error",
+    "engine_options",
+    "normalize_url",
+]
 
 _DRIVERS = {
     "POSTGRES": "postgresql+psycopg",
@@ -47,6 +63,67 @@ def normalize_url(url: str | URL) -> URL:
     if parsed.drivername in _DEFAULT_DRIVERS:
         parsed = parsed.set(drivername=_DEFAULT_DRIVERS[parsed.drivername])
     return parsed
+
+
+# The drivers that sqla-queue's extras install, by backend name: (database,
+# the top-level modules the extra provides, the driver as users know it, extra).
+_EXTRAS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+    "postgresql": ("PostgreSQL", ("psycopg",), "psycopg", "postgresql"),
+    "mysql": ("MySQL", ("pymysql",), "PyMySQL", "mysql"),
+    "mariadb": ("MariaDB", ("pymysql",), "PyMySQL", "mysql"),
+    "singlestoredb": (
+        "SingleStore",
+        ("singlestoredb", "sqlalchemy_singlestoredb"),
+        "singlestoredb",
+        "singlestore",
+    ),
+}
+
+
+def driver_error(url: URL, exc: BaseException) -> ConfigurationError | None:
+    """The one-line error for ``create_engine(url)`` failing with ``exc``
+    because a driver is missing, naming the extra that installs it; None
+    when ``exc`` is some other error.
+
+    ``exc`` is the ImportError of the DBAPI module (``postgresql+psycopg://``
+    without psycopg) or the NoSuchModuleError of a dialect that is not
+    installed (``singlestoredb://`` without sqlalchemy-singlestoredb)."""
+    backend = url.get_backend_name()
+    known = _EXTRAS.get(backend)
+    if isinstance(exc, NoSuchModuleError):
+        # Only SingleStore's dialect is a package of its own (the extra installs
+        # it); "postgresql+nosuch://" is a typo, reported as it is.
+        if backend != "singlestoredb" or known is None:
+            return None
+        database, _, driver, extra = known
+        return ConfigurationError(
+            f"the {database} driver {driver} is not installed: pip install 'sqla-queue[{extra}]'"
+        )
+    if not isinstance(exc, ImportError):
+        return None
+    module = (exc.name or "").partition(".")[0]
+    if known is not None and (module in known[1] or not module):
+        database, _, driver, extra = known
+        # no module name: the driver is there but cannot load (psycopg without libpq)
+        problem = "is not installed" if module else f"cannot be imported ({_first_line(exc)})"
+        return ConfigurationError(
+            f"the {database} driver {driver} {problem}: pip install 'sqla-queue[{extra}]'"
+        )
+    # A driver that no extra installs (postgresql+pg8000://, mysql+mysqldb://):
+    # name its module, and the URL that uses the extra's driver instead.
+    database = known[0] if known is not None else backend
+    message = (
+        f"the {database} driver module {module or '?'} (for {url.drivername}://) "
+        "is not installed: install it"
+    )
+    if known is not None:
+        message += f", or use {backend}:// with pip install 'sqla-queue[{known[3]}]'"
+    return ConfigurationError(message)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def engine_options(url: URL) -> tuple[URL, dict[str, Any]]:
@@ -108,10 +185,7 @@ def database_url(env: Mapping[str, str] | None = None) -> URL | None:
     if host is None or name is None:
         return None
     port_variable, port = _first_named(env, "DB_PORT", "DATABASE_PORT")
-    try:
-        port_number = int(port) if port is not None else None
-    except ValueError:
-        raise ConfigurationError(f"{port_variable} must be a number, not {port!r}") from None
+    port_number = int(_number({port_variable: port}, port_variable, 0, PORT)) if port else None
     return URL.create(
         driver,
         username=_first(env, "DB_USER", "DATABASE_USER"),
@@ -122,17 +196,72 @@ def database_url(env: Mapping[str, str] | None = None) -> URL | None:
     )
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool = False) -> float:
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts, and how to say so in an error.
+
+    Every bound is finite, so NaN and the infinities are always refused
+    (``float("nan")`` parses, and would compare false with every bound)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    #: ``low`` itself is refused (an interval that must be more than 0)
+    low_open: bool = False
+    unit: str = ""
+
+    def describe(self) -> str:
+        kind = "a whole number" if self.integer else "a number"
+        if self.unit:
+            kind += f" of {self.unit}"
+        low, high = _show(self.low), _show(self.high)
+        if self.low_open:
+            return f"{kind} greater than {low} and at most {high}"
+        return f"{kind} from {low} to {high}"
+
+    def contains(self, value: object) -> bool:
+        # bool is an int to Python, never to a setting: max_retry = True is a mistake
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    def check(self, name: str, value: object) -> float:
+        """``value`` if it is in range, else a ConfigurationError naming ``name``."""
+        if not self.contains(value):
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {value!r}")
+        return value  # type: ignore[return-value]  # contains() checked it is a number
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+# Ranges shared by the environment variables and the worker's class attributes.
+#: attempts in all; a million is far past any real retry policy
+MAX_RETRY = Range(1, 1_000_000, integer=True)
+#: minutes; at most a day, so that attempt n's wait (n times this) stays within
+#: datetime's range even after a million attempts
+BASE_INTERVAL_MINUTES = Range(0, 24 * 60, unit="minutes")
+#: seconds an idle lane waits (poll, NOTIFY fallback); 0 would spin on the database
+WAIT_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
+PORT = Range(1, 65535, integer=True)
+
+
+def _number(env: Mapping[str, str], name: str, default: float, allowed: Range) -> float:
     raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
-        value = int(raw) if integer else float(raw)
+        value: float = int(raw) if allowed.integer else float(raw)
     except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise ConfigurationError(f"{name} must be {kind}, not {raw!r}") from None
-    if value < 0:
-        raise ConfigurationError(f"{name} cannot be negative ({raw!r})")
+        raise ConfigurationError(f"{name} must be {allowed.describe()}, not {raw!r}") from None
+    if not allowed.contains(value):
+        raise ConfigurationError(f"{name} must be {allowed.describe()}, not {raw!r}")
     return value
 
 
@@ -168,10 +297,12 @@ class Settings:
             url=database_url(env),
             queue_name=env.get("QUEUE_NAME") or None,
             queue_table=env.get("QUEUE_TABLE") or None,
-            max_retry=int(_number(env, "QUEUE_MAX_RETRY", 100, integer=True)),
-            base_interval_retry_minutes=_number(env, "QUEUE_BASE_INTERVAL_RETRY", 5.0),
-            poll_interval_seconds=_number(env, "SQLA_QUEUE_POLL_INTERVAL", 1.0),
-            listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0),
+            max_retry=int(_number(env, "QUEUE_MAX_RETRY", 100, MAX_RETRY)),
+            base_interval_retry_minutes=_number(
+                env, "QUEUE_BASE_INTERVAL_RETRY", 5.0, BASE_INTERVAL_MINUTES
+            ),
+            poll_interval_seconds=_number(env, "SQLA_QUEUE_POLL_INTERVAL", 1.0, WAIT_SECONDS),
+            listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0, WAIT_SECONDS),
             log_debug=env.get("LOG_DEBUG", "").strip().upper() in ("TRUE", "1", "YES"),
             task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
         )

@@ -234,3 +234,54 @@ def lock_waits(engine: Engine, table_name: str) -> int:
             ),
             {"pattern": f"%{table_name}%"},
         ).scalar_one()
+
+
+# ---------------------------------------------- databases the run did not test
+EXAMPLE_URLS = {
+    "postgresql": "postgresql+psycopg://USER:PASSWORD@HOST:5432/DATABASE",
+    "mysql": "mysql+pymysql://USER:PASSWORD@HOST:3306/DATABASE",
+}
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: Any) -> Iterator[None]:
+    """Say which databases were skipped, and how to point the suite at them.
+
+    A wrapper, and the outermost one (tryfirst), so that this comes after
+    pytest's own short summary: the last thing before the final counts, where
+    a "passed" run that never touched PostgreSQL or MariaDB cannot be missed."""
+    try:
+        return (yield)
+    finally:
+        _report_untested_databases(terminalreporter)
+
+
+def _report_untested_databases(terminalreporter: Any) -> None:
+    skipped: dict[str, list[str]] = {kind: [] for kind in ENV_VARS}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        for kind in skipped:
+            # server_url's reason: "no KIND server: ERROR (set VARIABLE)"
+            prefix, suffix = f"no {kind} server: ", f" (set {ENV_VARS[kind]})"
+            if prefix in reason:
+                skipped[kind].append(reason.partition(prefix)[2].removesuffix(suffix))
+    missing = {kind: errors for kind, errors in skipped.items() if errors}
+    if not missing:
+        return
+    terminalreporter.write_sep("=", "DATABASES NOT TESTED", red=True, bold=True)
+    for kind, errors in missing.items():
+        tried = os.environ.get(ENV_VARS[kind]) or LOCAL_URLS[kind]
+        shown = normalize_url(tried).render_as_string(hide_password=True)
+        terminalreporter.write_line(
+            f"{kind}: {len(errors)} test(s) skipped, no server at {shown}: {errors[0]}",
+            red=True,
+            bold=True,
+        )
+        terminalreporter.write_line(
+            f"    to test it, point the suite at a server: {ENV_VARS[kind]}={EXAMPLE_URLS[kind]}"
+        )
+    terminalreporter.write_line(
+        "    (or start the local server, or a Docker engine for testcontainers; "
+        "SQLA_QUEUE_REQUIRE_DATABASES=1 makes a missing server fail the run)"
+    )

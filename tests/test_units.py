@@ -12,6 +12,7 @@ import decimal
 import hashlib
 import json
 import uuid
+from typing import ClassVar
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -169,6 +170,186 @@ class TestRedaction:
         text = 'FATAL: password authentication failed for user "app" (tentativa 3)'
         assert redact(text) == text
 
+    # Realistic texts with each kind of secret: (id, text, expected). Each
+    # expected text keeps everything around the secret (host, port, names,
+    # other parameters), so a mask that eats too much fails too.
+    GAPS: ClassVar[list[tuple[str, str, str]]] = [
+        (
+            "url-password-with-at",
+            "could not connect to postgresql://app:p@ss@db.example.com:5432/erp (timeout)",
+            "could not connect to postgresql://app:***@db.example.com:5432/erp (timeout)",
+        ),
+        (
+            "url-password-with-two-ats",
+            "mysql+pymysql://root:a@b@c@10.0.0.5:3306/erp refused",
+            "mysql+pymysql://root:***@10.0.0.5:3306/erp refused",
+        ),
+        (
+            "url-password-with-colon-and-slash",
+            "engine postgresql+psycopg://app:pa:ss/w0rd@db:5432/erp failed",
+            "engine postgresql+psycopg://app:***@db:5432/erp failed",
+        ),
+        (
+            "url-azure-login-with-at",
+            "postgresql://app@erp-db:S3cr3t!@erp-db.postgres.database.azure.com/erp",
+            "postgresql://app@erp-db:***@erp-db.postgres.database.azure.com/erp",
+        ),
+        (
+            "url-empty-user",
+            "redis://:hunter2@cache:6379/0 is down",
+            "redis://:***@cache:6379/0 is down",
+        ),
+        (
+            "url-multi-host",
+            "postgresql://app:s3cr3t@h1:5432,h2:5432/erp?target_session_attrs=read-write",
+            "postgresql://app:***@h1:5432,h2:5432/erp?target_session_attrs=read-write",
+        ),
+        (
+            "url-quoted-next-to-an-email",
+            "dsn='postgresql://app:p@ss@db/erp', owner='ops@example.com'",
+            "dsn='postgresql://app:***@db/erp', owner='ops@example.com'",
+        ),
+        (
+            "aws-access-key-id",
+            "InvalidAccessKeyId: AKIAIOSFODNN7EXAMPLE does not exist (region us-east-1)",
+            "InvalidAccessKeyId: AKIA*** does not exist (region us-east-1)",
+        ),
+        (
+            "aws-session-key-id",
+            "aws_access_key_id=ASIAY34FZKBOKMUTVV7A region=sa-east-1",
+            "aws_access_key_id=ASIA*** region=sa-east-1",
+        ),
+        (
+            "aws-secret-ini",
+            "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\nregion = us-east-1",
+            "aws_secret_access_key = ***\nregion = us-east-1",
+        ),
+        (
+            "aws-secret-env",
+            "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY AWS_REGION=us-east-1",
+            "AWS_SECRET_ACCESS_KEY=*** AWS_REGION=us-east-1",
+        ),
+        (
+            "aws-secret-json",
+            '{"AccessKeyId": "x", "SecretAccessKey": "wJalrXUtnFEMI/K7MDENG", "Expiration": "z"}',
+            '{"AccessKeyId": "x", "SecretAccessKey": ***, "Expiration": "z"}',
+        ),
+        (
+            "aws-presigned-url",
+            "403 for https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F2024"
+            "&X-Amz-Date=20240101T000000Z&X-Amz-Signature=9f0e1d2c3b4a",
+            "403 for https://b.s3.amazonaws.com/k?X-Amz-Credential=***"
+            "&X-Amz-Date=20240101T000000Z&X-Amz-Signature=***",
+        ),
+        (
+            "azure-account-key",
+            "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=Eby8vdM02xNOcqF/lqUw"
+            "JPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
+            "EndpointSuffix=core.windows.net",
+            "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=***;"
+            "EndpointSuffix=core.windows.net",
+        ),
+        (
+            "azure-service-bus-key",
+            "Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=Root;"
+            "SharedAccessKey=abc123def456ghi789=",
+            "Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=Root;"
+            "SharedAccessKey=***",
+        ),
+        (
+            "azure-sas-in-connection-string",
+            "BlobEndpoint=https://acme.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02"
+            "&ss=b&sp=rl&se=2026-01-01T00:00:00Z&sig=AbC%2Bd3f%3D;QueueEndpoint=q",
+            "BlobEndpoint=https://acme.blob.core.windows.net/;SharedAccessSignature=***;"
+            "QueueEndpoint=q",
+        ),
+        (
+            "azure-sas-query",
+            "GET https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&sr=b&sp=r"
+            "&sig=AbC%2Bd3f%3D&se=2026-01-01 -> 403",
+            "GET https://acme.blob.core.windows.net/c/f.txt?sv=2022-11-02&sr=b&sp=r"
+            "&sig=***&se=2026-01-01 -> 403",
+        ),
+        (
+            "gcp-private-key",
+            '{"type": "service_account", "project_id": "acme", "private_key": "-----BEGIN '
+            "PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\\n-----END PRIVATE KEY-----"
+            '\\n", "client_email": "svc@acme.iam.gserviceaccount.com"}',
+            '{"type": "service_account", "project_id": "acme", "private_key": ***, '
+            '"client_email": "svc@acme.iam.gserviceaccount.com"}',
+        ),
+        (
+            "pem-private-key",
+            "key file:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA "
+            "PRIVATE KEY-----\nloaded",
+            "key file:\n-----BEGIN RSA PRIVATE KEY-----***-----END RSA PRIVATE KEY-----\nloaded",
+        ),
+        ("x-api-key", "X-Api-Key: 9f8e7d6c5b4a (rejected)", "X-Api-Key: *** (rejected)"),
+        (
+            "x-api-key-in-dict",
+            "headers={'X-API-KEY': '9f8e7d6c5b4a', 'Accept': 'application/json'}",
+            "headers={'X-API-KEY': ***, 'Accept': 'application/json'}",
+        ),
+        (
+            "x-functions-key",
+            "x-functions-key: abcDEF== host: acme.azurewebsites.net",
+            "x-functions-key: *** host: acme.azurewebsites.net",
+        ),
+        (
+            "cookie",
+            "Cookie: sessionid=abc123; csrftoken=xyz789; theme=dark",
+            "Cookie: sessionid=***; csrftoken=***; theme=***",
+        ),
+        (
+            "cookie-in-dict",
+            "{'Cookie': 'sessionid=abc123; theme=dark', 'Host': 'example.com'}",
+            "{'Cookie': 'sessionid=***; theme=***', 'Host': 'example.com'}",
+        ),
+        (
+            "set-cookie",
+            "Set-Cookie: sessionid=abc123; Path=/; HttpOnly; Expires=Wed, 21 Oct 2026 07:28:00 GMT",
+            "Set-Cookie: sessionid=***; Path=/; HttpOnly; Expires=Wed, 21 Oct 2026 07:28:00 GMT",
+        ),
+        (
+            "query-password",
+            "GET /login?user=bob&password=hunter2&next=/home 302",
+            "GET /login?user=bob&password=***&next=/home 302",
+        ),
+        (
+            "query-token-not-first",
+            "GET /feed?page=2&token=abc123&lang=pt-BR 401",
+            "GET /feed?page=2&token=***&lang=pt-BR 401",
+        ),
+    ]
+
+    @pytest.mark.parametrize(
+        ("text", "expected"), [case[1:] for case in GAPS], ids=[case[0] for case in GAPS]
+    )
+    def test_cloud_keys_cookies_and_odd_passwords_are_masked(
+        self, text: str, expected: str
+    ) -> None:
+        assert redact(text) == expected
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "GET http://api.local:8080/users?email=ana@example.com -> 404",
+            "see https://registry.npmjs.org/@types/node and mail admin@example.com",
+            "invalid signature: expected sha256, got md5",
+            "design=minimal config=prod signed=true",
+            "AKIA is the prefix of an access key id",
+            "Cookies are disabled; Set the header yourself",
+            "retry 3 of 5 at 2026-01-01T10:00:00Z for postgresql://db.local:5432/erp",
+        ],
+    )
+    def test_nearby_text_without_secrets_is_unchanged(self, text: str) -> None:
+        assert redact(text) == text
+
+    def test_url_user_and_host_are_kept_around_an_at_password(self) -> None:
+        masked = redact("postgresql://user:p@ss@host/db")
+        assert masked == "postgresql://user:***@host/db"
+        assert "ss" not in masked.replace("host", "")
+
     @pytest.mark.parametrize("name", ["MULTI_DATABASE_PASSWORD", "PGPASSWORD"])
     def test_prefixed_password_variable_is_masked(self, name: str) -> None:
         assert redact(f"{name}=s3cr3t") == f"{name}={MASK}"
@@ -194,6 +375,9 @@ class TestRedaction:
 
 
 # --------------------------------------------------------------- settings
+MAX_RETRY_RANGE = "must be a whole number from 1 to 1000000"
+MINUTES = "must be a number of minutes from 0 to 1440"
+SECONDS = "must be a number of seconds greater than 0 and at most 86400"
 DB_ENV = {
     "DB_HOST": "db.example",
     "DB_PORT": "5433",
@@ -278,7 +462,9 @@ class TestSettings:
         assert "SINGLE_STORE" in str(info.value)
 
     def test_bad_db_port_names_the_variable(self) -> None:
-        with pytest.raises(ConfigurationError, match="DB_PORT must be a number, not 'x'"):
+        with pytest.raises(
+            ConfigurationError, match="DB_PORT must be a whole number from 1 to 65535, not 'x'"
+        ):
             Settings.from_env({**DB_ENV, "DB_PORT": "x"})
 
     @pytest.mark.parametrize(
@@ -294,11 +480,11 @@ class TestSettings:
     @pytest.mark.parametrize(
         ("name", "value", "expected"),
         [
-            ("QUEUE_MAX_RETRY", "1.5", "QUEUE_MAX_RETRY must be a whole number, not '1.5'"),
-            ("QUEUE_MAX_RETRY", "many", "QUEUE_MAX_RETRY must be a whole number, not 'many'"),
+            ("QUEUE_MAX_RETRY", "1.5", f"QUEUE_MAX_RETRY {MAX_RETRY_RANGE}, not '1.5'"),
+            ("QUEUE_MAX_RETRY", "many", f"QUEUE_MAX_RETRY {MAX_RETRY_RANGE}, not 'many'"),
             ("QUEUE_BASE_INTERVAL_RETRY", "five", "QUEUE_BASE_INTERVAL_RETRY must be a number"),
             ("QUEUE_WAIT_NOTIFY_INTERVAL", "soon", "QUEUE_WAIT_NOTIFY_INTERVAL must be a number"),
-            ("QUEUE_WAIT_NOTIFY_INTERVAL", "-1", "QUEUE_WAIT_NOTIFY_INTERVAL cannot be negative"),
+            ("QUEUE_WAIT_NOTIFY_INTERVAL", "-1", f"QUEUE_WAIT_NOTIFY_INTERVAL {SECONDS}, not '-1'"),
             ("SQLA_QUEUE_POLL_INTERVAL", "x", "SQLA_QUEUE_POLL_INTERVAL must be a number"),
         ],
     )
@@ -306,6 +492,55 @@ class TestSettings:
         with pytest.raises(ConfigurationError) as info:
             Settings.from_env({name: value})
         assert expected in str(info.value)
+
+    @pytest.mark.parametrize(
+        ("name", "value", "allowed"),
+        [
+            (name, value, allowed)
+            for name, allowed, values in [
+                (
+                    "QUEUE_MAX_RETRY",
+                    MAX_RETRY_RANGE,
+                    ["nan", "inf", "0", "-3", "1000001", "9" * 30],
+                ),
+                (
+                    "QUEUE_BASE_INTERVAL_RETRY",
+                    MINUTES,
+                    ["nan", "NaN", "inf", "-inf", "1e308", "1441"],
+                ),
+                (
+                    "SQLA_QUEUE_POLL_INTERVAL",
+                    SECONDS,
+                    ["nan", "inf", "0", "-0.5", "86401", "1e400"],
+                ),
+                ("QUEUE_WAIT_NOTIFY_INTERVAL", SECONDS, ["nan", "Infinity", "0", "1e10"]),
+                ("DB_PORT", "must be a whole number from 1 to 65535", ["0", "65536", "nan"]),
+            ]
+            for value in values
+        ],
+    )
+    def test_absurd_number_is_refused_with_the_range(
+        self, name: str, value: str, allowed: str
+    ) -> None:
+        with pytest.raises(ConfigurationError) as info:
+            Settings.from_env({**DB_ENV, name: value})
+        assert str(info.value) == f"{name} {allowed}, not {value!r}"
+
+    @pytest.mark.parametrize(
+        ("name", "value", "attribute", "expected"),
+        [
+            ("QUEUE_MAX_RETRY", "1", "max_retry", 1),
+            ("QUEUE_MAX_RETRY", "1000000", "max_retry", 1_000_000),
+            ("QUEUE_BASE_INTERVAL_RETRY", "0", "base_interval_retry_minutes", 0.0),
+            ("QUEUE_BASE_INTERVAL_RETRY", "1440", "base_interval_retry_minutes", 1440.0),
+            ("SQLA_QUEUE_POLL_INTERVAL", "0.001", "poll_interval_seconds", 0.001),
+            ("QUEUE_WAIT_NOTIFY_INTERVAL", "86400", "listen_fallback_seconds", 86400.0),
+        ],
+    )
+    def test_the_ends_of_each_range_are_accepted(
+        self, name: str, value: str, attribute: str, expected: float
+    ) -> None:
+        assert getattr(Settings.from_env({name: value}), attribute) == expected
 
     def test_numbers_are_read(self) -> None:
         settings = Settings.from_env(
@@ -382,11 +617,15 @@ class TestLinearBackoff:
         assert backoff.next_attempt_at(99, FAILED_AT) is not None
         assert backoff.next_attempt_at(100, FAILED_AT) is None
 
-    def test_invalid_values_name_the_setting(self) -> None:
-        with pytest.raises(ConfigurationError, match="QUEUE_MAX_RETRY must be at least 1"):
+    def test_invalid_values_name_the_parameter(self) -> None:
+        # a worker names its class attribute or variable (test_configuration.py);
+        # a LinearBackoff built by hand names its own parameter
+        with pytest.raises(ConfigurationError, match="LinearBackoff max_attempts must be"):
             LinearBackoff(max_attempts=0)
-        with pytest.raises(ConfigurationError, match="QUEUE_BASE_INTERVAL_RETRY cannot be"):
+        with pytest.raises(ConfigurationError, match="LinearBackoff base_interval_minutes must"):
             LinearBackoff(base_interval_minutes=-1)
+        with pytest.raises(ConfigurationError, match=r"base_interval_minutes must .*, not nan"):
+            LinearBackoff(base_interval_minutes=float("nan"))
 
 
 # ------------------------------------------------------------- TaskRecord

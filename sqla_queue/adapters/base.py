@@ -194,9 +194,7 @@ class Adapter:
             .values(status=Status.SUCCEEDED.value, mensagem=SUCCESS_MESSAGE)
         )
         self._complete_custom = (
-            update(table)
-            .where(c.id == bindparam("b_id"))
-            .values(mensagem=bindparam("b_message"))
+            update(table).where(c.id == bindparam("b_id")).values(mensagem=bindparam("b_message"))
         )
         self._hand_back = (
             update(table)
@@ -518,9 +516,10 @@ class Adapter:
 
     def missing_columns(self, conn: Connection) -> list[str]:
         """sqla-queue's own columns that the table in the database lacks."""
-        present = {column["name"] for column in inspect(conn).get_columns(
-            self.table.name, schema=self.table.schema
-        )}
+        present = {
+            column["name"]
+            for column in inspect(conn).get_columns(self.table.name, schema=self.table.schema)
+        }
         return [name for name in LEASE_COLUMNS if name not in present]
 
     # ------------------------------------------------------------ wake-ups

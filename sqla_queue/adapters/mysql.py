@@ -63,9 +63,7 @@ class MySQLAdapter(Adapter):
             )
         )
         self._lost = self._locking(self._lost)
-        self._mine = self._locking(
-            select(c.id).where(self._id_in("ids"), *self._claimed_by_owner)
-        )
+        self._mine = self._locking(select(c.id).where(self._id_in("ids"), *self._claimed_by_owner))
         self._renew_ids = (
             update(self.table)
             .where(self._id_in("ids"))

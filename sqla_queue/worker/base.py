@@ -9,11 +9,15 @@
             return "faturado"                   # stored in 'mensagem'
 
 Run it with ``sqla-queue worker module:Faturar`` or ``Faturar().run()``.
+Both call :meth:`WorkerBase.check_configuration` first, so a mistake in the
+class (an attribute of the wrong type, ``async def execute``, no model) stops
+the worker at start with one line naming the class and the attribute.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 import logging
 from typing import Any, ClassVar
 
@@ -22,12 +26,19 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from ..exceptions import ConfigurationError
+from ..leases import LEASE_SECONDS
 from ..mixins import QueueMixin
 from ..records import TaskRecord
 from ..retry import LinearBackoff
-from ..settings import Settings
+from ..settings import BASE_INTERVAL_MINUTES, MAX_RETRY, Range, Settings
 
 logger = logging.getLogger("sqla_queue.worker")
+
+BATCH_SIZE = Range(1, 10_000, integer=True)
+#: a batch that takes longer than a day holds its transaction open too long anyway
+BATCH_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
+#: the handlers the runner calls synchronously, from its lane threads
+HANDLERS = ("execute", "execute_dead", "dispatch")
 
 
 class WorkerBase(abc.ABC):
@@ -78,14 +89,66 @@ class WorkerBase(abc.ABC):
         return self.execute(task.payload, task, session)
 
     def backoff(self, settings: Settings) -> LinearBackoff:
-        return LinearBackoff(
-            max_attempts=self.max_retry if self.max_retry is not None else settings.max_retry,
-            base_interval_minutes=(
-                self.retry_interval_minutes
-                if self.retry_interval_minutes is not None
-                else settings.base_interval_retry_minutes
-            ),
-        )
+        """The retry rule: the class attributes, else the environment's values.
+        An invalid value is reported under the name it came from."""
+        name = type(self).__name__
+        if self.max_retry is not None:
+            max_attempts = MAX_RETRY.check(f"{name}.max_retry", self.max_retry)
+        else:
+            max_attempts = MAX_RETRY.check("QUEUE_MAX_RETRY", settings.max_retry)
+        if self.retry_interval_minutes is not None:
+            interval = BASE_INTERVAL_MINUTES.check(
+                f"{name}.retry_interval_minutes", self.retry_interval_minutes
+            )
+        else:
+            interval = BASE_INTERVAL_MINUTES.check(
+                "QUEUE_BASE_INTERVAL_RETRY", settings.base_interval_retry_minutes
+            )
+        return LinearBackoff(max_attempts=int(max_attempts), base_interval_minutes=interval)
+
+    @classmethod
+    def check_configuration(cls) -> None:
+        """Refuse a worker class that cannot run, before it is instantiated:
+        one ConfigurationError naming the class and the attribute.
+
+        Checks that ``execute`` is implemented, that none of ``HANDLERS`` is
+        a coroutine function (the runner would get a coroutine back, never
+        run it, and record the task as done), the tuning attributes' types
+        and ranges, and ``model``."""
+        name = cls.__name__
+        abstract = sorted(getattr(cls, "__abstractmethods__", ()))
+        if "execute" in abstract:
+            raise ConfigurationError(
+                f"{name} is abstract: implement execute(self, payload, task, session)"
+            )
+        if abstract:
+            raise ConfigurationError(f"{name} is abstract: implement {', '.join(abstract)}")
+        for handler in HANDLERS:
+            function = getattr(cls, handler, None)
+            if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+                raise ConfigurationError(
+                    f"{name}.{handler} is a coroutine function; async handlers are not "
+                    "supported yet, define it with def"
+                )
+        # None means "the environment's value", checked when it is read
+        if cls.max_retry is not None:
+            MAX_RETRY.check(f"{name}.max_retry", cls.max_retry)
+        if cls.retry_interval_minutes is not None:
+            BASE_INTERVAL_MINUTES.check(
+                f"{name}.retry_interval_minutes", cls.retry_interval_minutes
+            )
+        BATCH_SIZE.check(f"{name}.batch_size", cls.batch_size)
+        BATCH_SECONDS.check(f"{name}.batch_seconds", cls.batch_seconds)
+        LEASE_SECONDS.check(f"{name}.lease_seconds", cls.lease_seconds)
+        for flag, allowed in (
+            ("transaction_per_task", (True, False)),
+            ("task_locks", (True, False, None)),
+        ):
+            value = getattr(cls, flag)
+            if not any(value is choice for choice in allowed):
+                choices = " or ".join(str(choice) for choice in allowed)
+                raise ConfigurationError(f"{name}.{flag} must be {choices}, not {value!r}")
+        cls.queue_model()
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]:

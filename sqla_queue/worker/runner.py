@@ -103,6 +103,7 @@ class Runner:
         batch_size: int | None = None,
         settings: Settings | None = None,
     ) -> None:
+        type(worker).check_configuration()
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
         self.worker = worker
@@ -151,13 +152,19 @@ class Runner:
             )
         parsed, connect_args = engine_options(normalize_url(url))
         options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
-        if parsed.database not in (None, "", ":memory:") or dialect_family(
-            parsed.get_backend_name()
-        ) != "sqlite":
+        if (
+            parsed.database not in (None, "", ":memory:")
+            or dialect_family(parsed.get_backend_name()) != "sqlite"
+        ):
             options["pool_size"] = self._connections_needed()
         try:
             return create_engine(parsed, **options)
         except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
+            from ..settings import driver_error  # only this failure path needs it
+
+            missing = driver_error(parsed, exc)  # a driver not installed: name its extra
+            if missing is not None:
+                raise missing from None
             raise ConfigurationError(
                 f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
                 f"{redact(str(exc))}"
