@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from .adapters import Adapter
-from .manager import describe_error
 from .mixins import WORKER_ID_MAX_LENGTH
+from .redaction import describe_error
 from .settings import Range
 
 __all__ = ["Claims", "Heartbeat", "LeasePolicy", "new_worker_id"]

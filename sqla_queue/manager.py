@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from .adapters import Adapter
 from .mixins import MESSAGE_MAX_LENGTH, Status
 from .records import TaskRecord
-from .redaction import fit_message, redact
+from .redaction import describe_error, fit_message, redact
 from .retry import LinearBackoff
 from .types import utcnow
 
@@ -78,16 +78,6 @@ def describe_traceback(exc: BaseException) -> str:
     parameters)."""
     frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
     return f"Traceback (most recent call last):\n{frames}{describe_error(exc)}"
-
-
-def describe_error(exc: BaseException) -> str:
-    """``Type: text`` of an error, for ``mensagem``. A database error is
-    described by the driver's error alone: SQLAlchemy's text adds the SQL and
-    its parameters, which may hold anything."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        exc = exc.orig
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 @dataclass

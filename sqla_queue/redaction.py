@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from sqlalchemy.exc import DBAPIError
+
 MASK = "***"
 
 # Characters that end an unquoted value in running text.
@@ -109,3 +111,13 @@ def fit_message(text: str, limit: int, suffix: str = "") -> str:
     if len(text) > room:
         text = text[: max(0, room - 1)] + "…"
     return (text + suffix)[:limit]
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: text`` of an error, for ``mensagem``. A database error is
+    described by the driver's error alone: SQLAlchemy's text adds the SQL and
+    its parameters, which may hold anything."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    text = redact(str(exc)).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

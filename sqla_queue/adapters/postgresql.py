@@ -46,6 +46,7 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
+from ..redaction import describe_error
 from .base import PROMOTE_CHUNK, Adapter, Listener, driver_cursor, statements_unobserved
 
 logger = logging.getLogger("sqla_queue.postgresql")
@@ -358,7 +359,7 @@ class PostgresListener(Listener):
             try:
                 conn = self._connect()
             except Exception as exc:  # the database is away: retry
-                logger.warning("LISTEN %s failed: %r", self.channel, exc)
+                logger.warning("LISTEN %s failed: %s", self.channel, describe_error(exc))
                 self._stop.wait(RECONNECT_DELAY_SECONDS)
                 continue
             self.listening.set()
@@ -368,7 +369,9 @@ class PostgresListener(Listener):
                     for _ in conn.notifies(timeout=LISTEN_POLL_SECONDS, stop_after=1):
                         wake.set()
             except Exception as exc:
-                logger.warning("LISTEN %s lost its connection: %r", self.channel, exc)
+                logger.warning(
+                    "LISTEN %s lost its connection: %s", self.channel, describe_error(exc)
+                )
                 self.listening.clear()
             finally:
                 with contextlib.suppress(Exception):

@@ -55,7 +55,7 @@ from sqlalchemy.orm import Session
 from ..adapters import Adapter, adapter_for
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
-from ..manager import ConnectionLost, TaskManager
+from ..manager import ConnectionLost, TaskManager, describe_traceback
 from ..mixins import channel_of
 from ..records import TaskRecord
 from ..redaction import redact
@@ -311,7 +311,8 @@ class Runner:
                 # a statement on a connection that died under an earlier one
                 self._reconnect(index, type(exc).__name__)
             except BaseException as exc:
-                logger.exception("lane %d crashed", index)
+                # frames and a one-line error: an exception's text may hold SQL
+                logger.error("lane %d crashed: %s", index, describe_traceback(exc))
                 self._errors.append(exc)
                 self.stop()
                 return
