@@ -64,7 +64,9 @@ def test_workers_behind_pgbouncer_run_every_task_once(
     psycopg's prepared statements off (``?prepare_threshold=none``); in
     session pooling, nothing to change. Two long-running worker processes of
     two lanes each, while the pooler's server connections are cut."""
-    bouncer = pgbouncer_factory(mode, pool_size=8)
+    # session pooling gives each client a server connection for life: the
+    # pool must hold every worker connection (2 x (2 lanes x 2 + 3) + LISTEN)
+    bouncer = pgbouncer_factory(mode, pool_size=8 if mode == "transaction" else 20)
     url = bouncer.url
     env = worker_env(table_name)
     if mode == "transaction":
