@@ -14,9 +14,11 @@ from .exceptions import (
     NotInstalledError,
     PayloadError,
     SqlaQueueError,
+    UnpreparedTaskError,
     UnsupportedOperationError,
 )
 from .mixins import QueueMixin, Status
+from .payload import JsonText
 from .records import TaskRecord
 from .worker import WorkerBase
 
@@ -25,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "InvalidIdentifierError",
+    "JsonText",
     "NotInstalledError",
     "PayloadError",
     "QueueClient",
@@ -32,6 +35,7 @@ __all__ = [
     "SqlaQueueError",
     "Status",
     "TaskRecord",
+    "UnpreparedTaskError",
     "UnsupportedOperationError",
     "WorkerBase",
     "install",

@@ -1,24 +1,53 @@
 """The flush hook that completes queue rows inside the caller's transaction.
 
 ``install(Session)`` registers one ``before_flush`` listener on a Session
-class or sessionmaker. For every new (or re-assigned) queue row it serialises
-the payload once, stores its hash, and sets the status: ``agendada`` when
-``run_at`` is in the future, else ``pendente``. Nothing here commits: the row
-is written by the flush the application was doing anyway, so it commits or
-rolls back with the business change.
+class or sessionmaker. For every new queue row it serialises the payload
+once, stores its hash, and sets the status: ``agendada`` when ``run_at`` is
+in the future, else ``pendente``. A stored row is already complete: it is
+only touched when its payload is re-assigned (serialised and hashed again) or
+its ``payload_text`` assigned directly (hashed as is). Nothing here commits:
+the row is written by the flush the application was doing anyway, so it
+commits or rolls back with the business change.
+
+Every other way into the table through the ORM either gets the same
+preparation or fails loudly; none stores a row without its hash or with a
+wrong status:
+
+- ``session.merge(Task(payload=...))``: the pending payload travels in a
+  mapped column (``payload_hash``, see ``PendingHash``), so merge copies it.
+- ``session.execute(insert(Task), [{...}])``, the ORM bulk INSERT: prepared
+  from its parameters by a ``do_orm_execute`` listener on every Session,
+  which refuses (``NotInstalledError``) where the flush hook is not installed.
+- ``session.bulk_save_objects()``: no hook runs for it; the row's
+  ``PendingHash`` fails to bind (``UnpreparedTaskError``).
+- an ORM UPDATE statement setting ``payload``/``payload_text`` without
+  ``payload_hash``: refused (``UnpreparedTaskError``).
+- a flush without the hook: refused by mapper events (``NotInstalledError``).
+
+Not seen: ``bulk_insert_mappings()`` (plain dicts, no event; on SQLAlchemy 2.1
+a ``payload`` key in them is refused) and Core statements on the Table, which
+write raw columns as plain SQL does.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Mapper, Session, UOWTransaction, sessionmaker
+from sqlalchemy import event, inspect
+from sqlalchemy.engine import Connection, Result
+from sqlalchemy.orm import (
+    Mapper,
+    ORMExecuteState,
+    Session,
+    UOWTransaction,
+    object_session,
+    sessionmaker,
+)
 
-from .exceptions import NotInstalledError
-from .mixins import QueueMixin, Status, has_pending_payload, take_pending_payload
+from .exceptions import NotInstalledError, UnpreparedTaskError
+from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
 from .types import utcnow
 
@@ -29,6 +58,9 @@ _installed: list[SessionTarget] = []
 
 
 _PREPARED = "_sqla_queue_prepared"
+# the payload_text a stored row was last hashed for, by the hook
+_HASHED_TEXT = "_sqla_queue_hashed_text"
+_NONE: Any = object()
 
 
 def install(target: SessionTarget = Session) -> None:
@@ -47,14 +79,15 @@ def uninstall(target: SessionTarget | None = None) -> None:
             _installed.remove(installed)
 
 
+def _is_installed(session: Session) -> bool:
+    # the session's listeners: its class's, its sessionmaker's and its own
+    return _before_flush in list(session.dispatch.before_flush)
+
+
+# -------------------------------------------------------------- the flush
 def prepare_task(task: QueueMixin) -> None:
-    """Serialise and hash the payload and set the initial status."""
-    if has_pending_payload(task):
-        # serialise before taking the value: on error the task keeps it
-        text = serialize_payload(task.payload)
-        take_pending_payload(task)
-        task.payload_text = text
-        task.payload_hash = hash_payload(text)
+    """Complete a new row: payload text and hash, status, first run time."""
+    _prepare_payload(task, new=True)
     if task.run_at is not None and task.run_at.tzinfo is None:
         task.run_at = task.run_at.replace(tzinfo=dt.timezone.utc)  # naive means UTC
     if task.status is None:
@@ -65,16 +98,145 @@ def prepare_task(task: QueueMixin) -> None:
     task.__dict__[_PREPARED] = True
 
 
+def _changed(task: QueueMixin, key: str) -> bool:
+    return bool(inspect(task).attrs[key].history.added)
+
+
+def _set_hash_of_text(task: QueueMixin) -> None:
+    text = task.payload_text
+    task.payload_hash = hash_payload(text)
+    task.__dict__[_HASHED_TEXT] = text
+
+
+def _prepare_payload(task: QueueMixin, *, new: bool) -> None:
+    pending = pending_payload(task)
+    if pending is not None and pending.has_payload:
+        # serialise before replacing the placeholder: on error the task keeps it
+        text = serialize_payload(pending.payload)
+        task.payload_text = text
+        task.payload_hash = hash_payload(text)
+        task.__dict__[_HASHED_TEXT] = text
+    elif pending is not None:
+        # no payload assigned and no hash given
+        if new or _changed(task, "payload_text"):
+            _set_hash_of_text(task)
+        else:
+            # merge() copied a new instance's placeholder onto a stored row:
+            # the stored hash stays (a retry row has a hash and no text)
+            session = object_session(task)
+            assert session is not None
+            session.expire(task, ["payload_hash"])
+    elif not new and _changed(task, "payload_text") and not _changed(task, "payload_hash"):
+        _set_hash_of_text(task)  # the raw column assigned: stored as is, hashed
+
+
 def _before_flush(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
-    for obj in list(session.new) + list(session.dirty):
-        if isinstance(obj, QueueMixin) and (obj in session.new or has_pending_payload(obj)):
+    new = session.new
+    for obj in new:
+        if isinstance(obj, QueueMixin):
             prepare_task(obj)
+    for obj in session.dirty:
+        if isinstance(obj, QueueMixin) and obj not in new:
+            _prepare_payload(obj, new=False)
 
 
 @event.listens_for(QueueMixin, "before_insert", propagate=True)
-@event.listens_for(QueueMixin, "before_update", propagate=True)
-def _refuse_unprepared(mapper: Mapper[Any], connection: Connection, target: QueueMixin) -> None:
+def _refuse_unprepared_insert(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
     # without the hook a task would be stored unhashed, with a wrong status
     # (a future run_at stored 'pendente') and without its first run time
-    if has_pending_payload(target) or not target.__dict__.get(_PREPARED):
+    if pending_payload(target) is not None or not target.__dict__.get(_PREPARED):
         raise NotInstalledError()
+
+
+@event.listens_for(QueueMixin, "before_update", propagate=True)
+def _refuse_unprepared_update(mapper: Mapper[Any], connection: Connection, target: Any) -> None:
+    # A stored row is complete: handlers and admin code update their rows
+    # (message, status...) with or without the hook. Only a new payload, or
+    # a payload_text the hook did not hash, would be stored wrong.
+    if pending_payload(target) is not None:
+        raise NotInstalledError()
+    if (
+        _changed(target, "payload_text")
+        and not _changed(target, "payload_hash")
+        and target.__dict__.get(_HASHED_TEXT, _NONE) is not target.__dict__["payload_text"]
+    ):
+        raise NotInstalledError()
+
+
+# ------------------------------------------------ ORM INSERT and UPDATE
+@event.listens_for(Session, "do_orm_execute")
+def _prepare_orm_dml(state: ORMExecuteState) -> Result[Any] | None:
+    """Prepare ``session.execute(insert(Task), rows)`` from its parameters,
+    and refuse an ORM UPDATE that would store a payload without its hash.
+
+    Registered on every Session, not by ``install()``: without the flush hook
+    an ORM INSERT is refused, as a flush would be; it is the same check. Core
+    statements on the Table (``insert(Task.__table__)``) are left alone: raw
+    columns, as plain SQL."""
+    if not (state.is_insert or state.is_update) or not state.is_orm_statement:
+        return None
+    mapper = state.bind_mapper
+    if mapper is None or not issubclass(mapper.class_, QueueMixin):
+        return None
+    if state.is_update:
+        _refuse_payload_update(state)
+        return None
+    if not _is_installed(state.session):
+        raise NotInstalledError()
+    statement: Any = state.statement
+    embedded = (
+        getattr(statement, "_values", None)
+        or getattr(statement, "_multi_values", None)
+        or getattr(statement, "select", None) is not None
+    )
+    if not state.parameters or embedded:
+        raise UnpreparedTaskError(
+            "sqla-queue prepares an ORM INSERT of tasks from its parameters only: "
+            "use session.execute(insert(Task), [{...}, ...]), not .values() or "
+            "from_select(), or session.add_all() or QueueClient.insert_tasks()"
+        )
+    now = utcnow()
+    parameters: Any = state.parameters
+    if state.is_executemany:
+        rows: Any = [_prepared_row(row, now) for row in parameters]
+    else:
+        rows = _prepared_row(parameters, now)
+    return state.invoke_statement(params=rows)
+
+
+def _refuse_payload_update(state: ORMExecuteState) -> None:
+    # the names the statement sets: parameter keys, and .values() keys, which
+    # are names, attributes or columns (the payload column's key is "payload")
+    parameters: Any = state.parameters or ()
+    keys: list[Any] = []
+    for row in [parameters] if isinstance(parameters, Mapping) else parameters:
+        keys.extend(row)
+    keys.extend(getattr(state.statement, "_values", None) or ())
+    names = {str(getattr(key, "key", key)) for key in keys}
+    if names & {"payload", "payload_text"} and "payload_hash" not in names:
+        raise UnpreparedTaskError(
+            "an ORM UPDATE statement does not serialise or hash a task's payload: "
+            "load the task and assign task.payload (the flush hook hashes it), "
+            "or set payload_hash in the same statement"
+        )
+
+
+def _prepared_row(row: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """What a parameter set of an ORM INSERT (attribute names) lacks, as
+    :func:`prepare_task` completes an instance; merged into a copy of it."""
+    extra: dict[str, Any] = {PREPARED_ROW: True}
+    if "payload" in row:
+        text = serialize_payload(row["payload"])
+        extra["payload_text"] = text
+        extra["payload_hash"] = hash_payload(text)
+    elif "payload_hash" not in row:
+        extra["payload_hash"] = hash_payload(row.get("payload_text"))
+    run_at = row.get("run_at")
+    if run_at is not None and run_at.tzinfo is None:
+        run_at = extra["run_at"] = run_at.replace(tzinfo=dt.timezone.utc)
+    if row.get("status") is None:
+        scheduled = run_at is not None and run_at > now
+        extra["status"] = Status.SCHEDULED.value if scheduled else Status.PENDING.value
+    if row.get("first_run_at") is None and run_at is not None:
+        extra["first_run_at"] = run_at
+    return extra

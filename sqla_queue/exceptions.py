@@ -11,7 +11,8 @@ class SqlaQueueError(Exception):
     """sqla-queue failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        # the docstring, on one line: it is wrapped in the source only
+        super().__init__(message or " ".join((self.__doc__ or "").split()))
 
 
 class ConfigurationError(SqlaQueueError, ValueError):
@@ -29,6 +30,12 @@ class PayloadError(SqlaQueueError, ValueError):
 class NotInstalledError(SqlaQueueError):
     """A queue task is being flushed by a Session that sqla-queue is not
     installed on: call ``sqla_queue.install(Session)`` once at start-up."""
+
+
+class UnpreparedTaskError(SqlaQueueError):
+    """A queue task reached the database without sqla-queue's flush hook
+    (``session.bulk_save_objects()`` and ``bulk_insert_mappings()`` skip it):
+    enqueue with ``session.add_all()`` or ``QueueClient.insert_tasks()``."""
 
 
 class UnsupportedOperationError(SqlaQueueError):

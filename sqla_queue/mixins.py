@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
@@ -36,8 +36,9 @@ from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
+from .exceptions import UnpreparedTaskError
 from .identifiers import derived_identifier, validate_identifier
-from .payload import decode_payload
+from .payload import UNHASHED, PendingHash, decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
 __all__ = ["COLUMN_NAMES", "LEASE_COLUMNS", "QueueMixin", "Status"]
@@ -62,9 +63,6 @@ class Status(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-_PENDING_PAYLOAD = "_sqla_queue_pending_payload"
 
 
 class QueueMixin:
@@ -133,21 +131,33 @@ class QueueMixin:
         """The task's payload as a Python value (the decoded JSON).
 
         Assigning keeps the value until flush, when it is serialised once
-        and hashed (see ``sqla_queue.install``)."""
-        pending = self.__dict__.get(_PENDING_PAYLOAD, _PENDING_PAYLOAD)
-        if pending is not _PENDING_PAYLOAD:
-            return pending
+        and hashed (see ``sqla_queue.install`` and ``docs/payload.md``)."""
+        pending = self.__dict__.get("payload_hash")
+        if type(pending) is PendingHash and pending.has_payload:
+            return pending.payload
         return decode_payload(self.payload_text)
 
     @payload.inplace.setter
     def _payload_setter(self, value: Any) -> None:
-        self.__dict__[_PENDING_PAYLOAD] = value
-        self.payload_text = None  # marks the row dirty so the flush hook sees it
+        # kept in payload_hash until the flush (PendingHash says why); the
+        # assignment marks the row dirty, so the flush hook sees it
+        self.payload_hash = PendingHash(value)  # type: ignore[assignment]
 
     @payload.inplace.expression
     @classmethod
     def _payload_expression(cls) -> ColumnElement[str | None]:
         return cls.payload_text  # type: ignore[return-value]
+
+    if hasattr(hybrid_property, "bulk_dml"):  # SQLAlchemy 2.1
+
+        @payload.inplace.bulk_dml
+        @classmethod
+        def _payload_bulk_dml(cls, mapping: MutableMapping[str, Any], value: Any) -> None:
+            # an ORM bulk INSERT (session.execute(insert(Task), [{...}])) is
+            # prepared by sqla-queue's do_orm_execute hook, which marks each
+            # row; a row without the mark came another way (bulk_insert_mappings)
+            if not mapping.get(PREPARED_ROW):
+                raise UnpreparedTaskError()
 
     def __repr__(self) -> str:
         return (
@@ -156,15 +166,23 @@ class QueueMixin:
         )
 
 
-def take_pending_payload(task: QueueMixin) -> tuple[bool, Any]:
-    """Pop the value assigned to ``task.payload`` since the last flush."""
-    if _PENDING_PAYLOAD in task.__dict__:
-        return True, task.__dict__.pop(_PENDING_PAYLOAD)
-    return False, None
+PREPARED_ROW = "_sqla_queue_prepared_row"
+"""Key that sqla-queue adds to each parameter set of an ORM INSERT it prepared."""
 
 
-def has_pending_payload(task: QueueMixin) -> bool:
-    return _PENDING_PAYLOAD in task.__dict__
+@event.listens_for(QueueMixin, "init", propagate=True)
+def _mark_unprepared(target: QueueMixin, args: Any, kwargs: Any) -> None:
+    # before the constructor's arguments are set: a payload_hash given there
+    # replaces the mark. Without a payload, a new row still needs the flush
+    # hook (status, first run time, hash of a payload_text), and the mark
+    # makes a path that skips it fail (see PendingHash).
+    target.__dict__["payload_hash"] = UNHASHED
+
+
+def pending_payload(task: QueueMixin) -> PendingHash | None:
+    """The placeholder in ``task.payload_hash`` before its flush, if any."""
+    value = task.__dict__.get("payload_hash")
+    return value if type(value) is PendingHash else None
 
 
 COLUMN_NAMES: dict[str, str] = {

@@ -17,6 +17,9 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from .exceptions import UnpreparedTaskError
+from .payload import PendingHash
+
 MYSQL_FAMILY = frozenset({"mysql", "mariadb", "singlestoredb"})
 
 
@@ -82,7 +85,11 @@ class PayloadText(TypeDecorator[str]):
 
 
 class PayloadHash(TypeDecorator[bytes]):
-    """The hex digest's 64 ASCII bytes: bytea/BLOB, VARBINARY(64) on MySQL."""
+    """The hex digest's 64 ASCII bytes: bytea/BLOB, VARBINARY(64) on MySQL.
+
+    A model instance holds a :class:`~sqla_queue.payload.PendingHash` here
+    until the flush hook prepares it; binding one means the row skipped the
+    hook (``session.bulk_save_objects()``), and it is refused."""
 
     impl = LargeBinary
     cache_ok = True
@@ -93,6 +100,11 @@ class PayloadHash(TypeDecorator[bytes]):
 
             return VARBINARY(64)
         return LargeBinary()
+
+    def process_bind_param(self, value: bytes | None, dialect: Dialect) -> bytes | None:
+        if isinstance(value, PendingHash):
+            raise UnpreparedTaskError()
+        return value
 
 
 class utc_now(FunctionElement[dt.datetime]):

@@ -21,6 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import (
     ConfigurationError,
+    JsonText,
     PayloadError,
     QueueClient,
     QueueMixin,
@@ -539,13 +540,17 @@ def test_insert_tasks_uses_copy_only_when_unobserved(
 
 # ------------------------------------------------- list_equivalent_task
 def test_dict_payload_and_its_json_text_find_each_other(engine: Engine, app: App) -> None:
+    # JSON text built by the caller (nsj-queue-lib code's json.dumps(d)) is
+    # given as JsonText; a plain str is a string value (see test_payload.py)
     with Session(engine) as s, s.begin():
         client = QueueClient(s, app.Task)
         from_dict = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7})
-        from_text = client.insert_task("erp", "sefaz", "faturar", "8", '{"invoice": 8}')
+        from_text = client.insert_task("erp", "sefaz", "faturar", "8", JsonText('{"invoice": 8}'))
     with Session(engine) as s:
         client = QueueClient(s, app.Task)
-        found = client.list_equivalent_task("erp", "sefaz", "faturar", "7", '{"invoice": 7}')
+        found = client.list_equivalent_task(
+            "erp", "sefaz", "faturar", "7", JsonText('{"invoice": 7}')
+        )
         assert [r.id for r in found] == [from_dict]
         found = client.list_equivalent_task("erp", "sefaz", "faturar", "8", {"invoice": 8})
         assert [r.id for r in found] == [from_text]
@@ -556,6 +561,8 @@ def test_dict_payload_and_its_json_text_find_each_other(engine: Engine, app: App
             "8",
             "pendente",
         )
+        # the same text as a plain str is another payload: a string
+        assert client.list_equivalent_task("erp", "sefaz", "faturar", "8", '{"invoice": 8}') == []
 
 
 def test_equivalent_task_must_match_every_key(engine: Engine, app: App) -> None:

@@ -16,11 +16,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, func, inspect, select, text
+from sqlalchemy import Engine, event, func, insert, inspect, select, text, update
+from sqlalchemy.exc import StatementError
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 import sqla_queue.events
-from sqla_queue import NotInstalledError, PayloadError, QueueMixin, install, uninstall
+from sqla_queue import (
+    JsonText,
+    NotInstalledError,
+    PayloadError,
+    QueueClient,
+    QueueMixin,
+    UnpreparedTaskError,
+    install,
+    uninstall,
+)
 from tests.app import App
 
 UTC = dt.timezone.utc
@@ -122,9 +133,9 @@ def test_payload_is_serialised_and_hashed_on_flush(
     with Session(engine) as s, s.begin():
         task = app.Task(process="faturar", payload=payload)
         s.add(task)
-        # nothing serialised before the flush
+        # nothing serialised before the flush: payload_hash holds a placeholder
         assert task.payload_text is None
-        assert task.payload_hash is None
+        assert not task.payload_hash
         assert task.payload == payload
         s.flush()
         assert task.payload_text == '{"invoice": 7, "items": [1, 2]}'
@@ -177,20 +188,24 @@ def test_non_ascii_dict_payload_is_stored_escaped(
     assert [t.payload for t in _tasks(engine, app)] == [{"cliente": "João"}]
 
 
-def test_str_payload_is_stored_verbatim(engine: Engine, app: App, installed: None) -> None:
+def test_str_payload_is_a_string_value(engine: Engine, app: App, installed: None) -> None:
+    plain = "texto livre, não JSON"
     json_text = '{"b":2,  "a": 1}'
     with Session(engine) as s, s.begin():
+        s.add(app.Task(process="p", payload=plain))
         s.add(app.Task(process="p", payload=json_text))
-        s.add(app.Task(process="p", payload="texto livre, não JSON"))
+        s.add(app.Task(process="p", payload=JsonText(json_text)))
+    quoted = json.dumps(json_text)  # '"{\\"b\\":2,  \\"a\\": 1}"'
     rows = _raw(engine, app, "payload, payload_hash")
     assert [(stored, bytes(digest)) for stored, digest in rows] == [
+        # plain text: as nsj-queue-lib stores it, byte for byte
+        (plain, hashlib.sha256(plain.encode()).hexdigest().encode()),
+        # a str that parses as JSON: a JSON string literal, so it comes back a str
+        (quoted, hashlib.sha256(quoted.encode()).hexdigest().encode()),
+        # JSON text the caller built: as is
         (json_text, hashlib.sha256(json_text.encode()).hexdigest().encode()),
-        (
-            "texto livre, não JSON",
-            hashlib.sha256("texto livre, não JSON".encode()).hexdigest().encode(),
-        ),
     ]
-    assert [t.payload for t in _tasks(engine, app)] == [{"b": 2, "a": 1}, "texto livre, não JSON"]
+    assert [t.payload for t in _tasks(engine, app)] == [plain, json_text, {"b": 2, "a": 1}]
 
 
 def test_none_payload_stores_null_without_hash(engine: Engine, app: App, installed: None) -> None:
@@ -349,7 +364,9 @@ def test_server_defaults_load_on_access_after_flush(
         s.flush()
         assert "run_at" not in task.__dict__
         assert (task.attempt, task.priority, task.requeued, task.dead) == (1, 50, False, False)
-        assert task.run_at is not None and task.run_at == task.first_run_at
+        # two reads of the database clock (clock_timestamp() on PostgreSQL)
+        assert task.run_at is not None and task.first_run_at is not None
+        assert abs(task.run_at - task.first_run_at) < dt.timedelta(seconds=1)
         assert task.status == "pendente"
 
 
@@ -398,6 +415,223 @@ def test_plain_sql_insert_gets_the_seed_defaults(engine: Engine, app: App) -> No
     assert isinstance(task.first_run_at, dt.datetime)
     now = dt.datetime.now(UTC)
     assert now - dt.timedelta(minutes=5) <= task.run_at <= now + dt.timedelta(minutes=5)
+
+
+# ------------------------------------------------------- other ORM paths
+# Every way into the table through the ORM either completes the row as the
+# flush hook does, or is refused; none stores a task without its payload,
+# its hash or its status.
+def _future() -> dt.datetime:
+    return (dt.datetime.now(UTC) + dt.timedelta(hours=2)).replace(microsecond=0)
+
+
+def _digest(text_: str) -> bytes:
+    return hashlib.sha256(text_.encode()).hexdigest().encode()
+
+
+def test_merge_of_a_new_task_stores_its_payload(engine: Engine, app: App, installed: None) -> None:
+    run_at = _future()
+    with Session(engine) as s, s.begin():
+        merged = s.merge(app.Task(process="p", payload={"k": 1}, run_at=run_at))
+        assert merged.payload == {"k": 1}
+    [(stored, digest, status)] = _raw(engine, app, "payload, payload_hash, status")
+    assert (stored, bytes(digest), status) == ('{"k": 1}', _digest('{"k": 1}'), "agendada")
+    assert [t.first_run_at for t in _tasks(engine, app)] == [run_at]
+
+
+def test_merge_onto_a_stored_task_replaces_its_payload(
+    engine: Engine, app: App, installed: None
+) -> None:
+    with Session(engine) as s, s.begin():
+        task = app.Task(process="p", payload={"v": 1})
+        s.add(task)
+        s.flush()
+        task_id = task.id
+    with Session(engine) as s, s.begin():
+        s.merge(app.Task(id=task_id, payload={"v": 2}, message="outra vez"))
+    [(stored, digest, message)] = _raw(engine, app, "payload, payload_hash, mensagem")
+    assert (stored, bytes(digest), message) == ('{"v": 2}', _digest('{"v": 2}'), "outra vez")
+
+
+def test_merge_without_a_payload_keeps_the_stored_hash(
+    engine: Engine, app: App, installed: None
+) -> None:
+    # a retry row: no payload text, the first attempt's hash (nsj-reference.md §4)
+    first_hash = _digest('{"v": 1}')
+    with Session(engine) as s, s.begin():
+        task = app.Task(process="p", payload_text=None, payload_hash=first_hash)
+        s.add(task)
+        s.flush()
+        task_id = task.id
+    with Session(engine) as s, s.begin():
+        s.merge(app.Task(id=task_id, message="visto"))
+    [(stored, digest, message)] = _raw(engine, app, "payload, payload_hash, mensagem")
+    assert (stored, bytes(digest), message) == (None, first_hash, "visto")
+
+
+@pytest.mark.parametrize("with_payload", [True, False], ids=["payload", "run_at"])
+def test_bulk_save_objects_is_refused(
+    engine: Engine, app: App, installed: None, with_payload: bool
+) -> None:
+    task = (
+        app.Task(process="p", payload={"k": 1})
+        if with_payload
+        else app.Task(process="p", run_at=_future())  # would be stored 'pendente'
+    )
+    with Session(engine) as s:
+        with pytest.raises(StatementError) as info:
+            s.bulk_save_objects([task])
+        s.rollback()
+    assert isinstance(info.value.orig, UnpreparedTaskError)
+    message = str(info.value.orig)
+    assert "\n" not in message
+    assert "session.add_all()" in message and "QueueClient.insert_tasks()" in message
+    assert _count(engine, app.Task) == 0
+
+
+def test_orm_bulk_insert_is_prepared_like_a_flush(
+    engine: Engine, app: App, installed: None
+) -> None:
+    run_at = _future()
+    with Session(engine) as s, s.begin():
+        s.execute(
+            insert(app.Task),
+            [
+                {"process": "dict", "payload": {"k": 1}},
+                {"process": "str", "payload": "123", "run_at": run_at},
+                {"process": "raw", "payload_text": "texto cru"},
+                {"process": "none"},
+            ],
+        )
+        s.execute(insert(app.Task), {"process": "one", "payload": [1]})
+    rows = _raw(engine, app, "processo, payload, payload_hash, status")
+    assert [(p, stored, digest and bytes(digest), st) for p, stored, digest, st in rows] == [
+        ("dict", '{"k": 1}', _digest('{"k": 1}'), "pendente"),
+        ("str", '"123"', _digest('"123"'), "agendada"),
+        ("raw", "texto cru", _digest("texto cru"), "pendente"),
+        ("none", None, None, "pendente"),
+        ("one", "[1]", _digest("[1]"), "pendente"),
+    ]
+    scheduled = _tasks(engine, app)[1]
+    assert (scheduled.payload, scheduled.run_at, scheduled.first_run_at) == ("123", run_at, run_at)
+
+
+def test_orm_insert_with_embedded_values_is_refused(
+    engine: Engine, app: App, installed: None
+) -> None:
+    with Session(engine) as s:
+        with pytest.raises(UnpreparedTaskError, match="from its parameters only"):
+            s.execute(insert(app.Task).values(process="p", payload_text="x"))
+        s.rollback()
+    assert _count(engine, app.Task) == 0
+
+
+def test_orm_bulk_insert_without_install_is_refused(
+    engine: Engine, app: App, not_installed: None
+) -> None:
+    with Session(engine) as s:
+        with pytest.raises(NotInstalledError):
+            s.execute(insert(app.Task), [{"process": "p", "run_at": _future()}])
+        s.rollback()
+    assert _count(engine, app.Task) == 0
+
+
+@pytest.mark.skipif(not hasattr(hybrid_property, "bulk_dml"), reason="SQLAlchemy 2.1's bulk_dml")
+def test_bulk_insert_mappings_with_a_payload_is_refused(
+    engine: Engine, app: App, installed: None
+) -> None:
+    with Session(engine) as s:
+        with pytest.raises(UnpreparedTaskError):
+            s.bulk_insert_mappings(app.Task, [{"process": "p", "payload": {"k": 1}}])
+        s.rollback()
+    assert _count(engine, app.Task) == 0
+
+
+def test_core_insert_through_a_session_is_left_alone(
+    engine: Engine, app: App, not_installed: None
+) -> None:
+    # raw columns, like plain SQL: the caller writes what it means
+    with Session(engine) as s, s.begin():
+        s.execute(insert(app.Task.__table__), [{"processo": "core", "payload": "x"}])
+    assert _raw(engine, app, "processo, payload, payload_hash") == [("core", "x", None)]
+
+
+@pytest.mark.parametrize("form", ["values", "attribute", "hybrid", "by primary key"])
+def test_orm_update_statement_setting_a_payload_is_refused(
+    engine: Engine, app: App, installed: None, form: str
+) -> None:
+    task_id = _stored_task(engine, app)
+    Task = app.Task
+    by_id = update(Task).where(Task.id == task_id)
+    statement, parameters = {
+        "values": (by_id.values(payload_text="novo"), None),
+        "attribute": (by_id.values({Task.payload_text: "novo"}), None),
+        "hybrid": (by_id.values({Task.payload: "novo"}), None),
+        "by primary key": (update(Task), [{"id": task_id, "payload_text": "novo"}]),
+    }[form]
+    with Session(engine) as s:
+        with pytest.raises(UnpreparedTaskError, match=r"assign task\.payload"):
+            s.execute(statement, parameters)
+        s.rollback()
+    [(stored, digest)] = _raw(engine, app, "payload, payload_hash")
+    assert (stored, bytes(digest)) == ('{"k": 1}', _digest('{"k": 1}'))
+
+
+def test_orm_update_statements_that_keep_text_and_hash_together_run(
+    engine: Engine, app: App, not_installed: None
+) -> None:
+    task_id = _stored_task(engine, app)
+    Task = app.Task
+    with Session(engine) as s, s.begin():
+        s.execute(update(Task).where(Task.id == task_id).values(message="visto"))
+        s.execute(
+            update(Task)
+            .where(Task.id == task_id)
+            .values(payload_text="x", payload_hash=_digest("x"))
+        )
+    assert _raw(engine, app, "mensagem, payload") == [("visto", "x")]
+
+
+def _stored_task(engine: Engine, app: App) -> int:
+    with Session(engine) as s, s.begin():
+        return QueueClient(s, app.Task).insert_task(process="p", payload={"k": 1})
+
+
+@pytest.mark.parametrize("hook", ["installed", "not_installed"])
+def test_a_loaded_task_can_be_updated(
+    engine: Engine, app: App, hook: str, request: pytest.FixtureRequest
+) -> None:
+    request.getfixturevalue(hook)
+    task_id = _stored_task(engine, app)
+    with Session(engine) as s, s.begin():
+        task = s.get(app.Task, task_id)
+        assert task is not None
+        task.message = "revisto"
+        task.priority = 10
+    [(message, priority, stored, digest)] = _raw(
+        engine, app, "mensagem, prioridade, payload, payload_hash"
+    )
+    assert (message, priority, stored, bytes(digest)) == (
+        "revisto",
+        10,
+        '{"k": 1}',
+        _digest('{"k": 1}'),
+    )
+
+
+@pytest.mark.parametrize("change", ["payload", "payload_text"], ids=["payload", "payload_text"])
+def test_a_new_payload_on_a_loaded_task_without_install_is_refused(
+    engine: Engine, app: App, not_installed: None, change: str
+) -> None:
+    task_id = _stored_task(engine, app)
+    with Session(engine) as s:
+        task = s.get(app.Task, task_id)
+        setattr(task, change, "novo")
+        with pytest.raises(NotInstalledError):
+            s.flush()
+        s.rollback()
+    [(stored, digest)] = _raw(engine, app, "payload, payload_hash")
+    assert (stored, bytes(digest)) == ('{"k": 1}', _digest('{"k": 1}'))
 
 
 # ---------------------------------------------------- install / uninstall

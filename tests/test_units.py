@@ -41,10 +41,13 @@ class TestPayload:
         # default separators, insertion order, non-ASCII escaped
         assert text == ('{"b": 1, "a": [1, 2], "nome": "Jo\\u00e3o", "ok": true, "nada": null}')
 
-    def test_str_payload_is_kept_verbatim(self) -> None:
-        text = '{"a":1,  "b": "não é reformatado"}'
-        assert serialize_payload(text) is text
+    def test_str_payload_is_a_string_value(self) -> None:
+        # plain text is kept verbatim; text that parses as JSON is quoted
+        # (tests/test_payload.py has the whole contract)
         assert serialize_payload("not json at all") == "not json at all"
+        text = '{"a":1,  "b": "não é reformatado"}'
+        assert serialize_payload(text) == json.dumps(text, ensure_ascii=True)
+        assert decode_payload(serialize_payload(text)) == text
 
     def test_none_payload_stays_none(self) -> None:
         assert serialize_payload(None) is None
