@@ -6,8 +6,8 @@
 #
 # Each commit is checked out into a temporary worktree and installed into a
 # venv of its own; then the harness's driver runs (c) and (d) for BEFORE,
-# AFTER and the peer, one after another. Results: $RESULTS/before.json,
-# after.json, <peer>.json and a table on stdout.
+# AFTER and the peer, repetitions interleaved. Results: $RESULTS/before.N.json,
+# after.N.json, <peer>.N.json and a table on stdout.
 #
 # Environment: PEER (default pgqueuer), REPS (default 3), DRIVER_ARGS (more
 # driver.py options), BENCH_HARNESS (default ../shared/bench), VENVS (default
@@ -43,17 +43,23 @@ if [ ! -x "$VENVS/$PEER/bin/python" ]; then
 fi
 
 cd "$HARNESS"
-for side in before after; do
-  log "sqla_queue $side ($(git -C "$WORK/$side" rev-parse --short HEAD))"
-  # shellcheck disable=SC2086  # DRIVER_ARGS is a list of options
-  PYTHONPATH="$WORK/$side/benchmarks/peers" "$VENVS/sqla_queue_$side/bin/python" driver.py \
-    --adapter sqla_queue_adapter --db "bench_sqla_queue_$side" --reps "$REPS" --only c,d \
-    --out "$RESULTS/$side.json" ${DRIVER_ARGS:-}
+# repetitions interleave the three (before, after, peer, before, ...): the
+# machine drifts during a run (2026-11-23: the same commit's rate fell by a
+# third from its first repetition to its third), and a side measured all at
+# once would carry the drift as if it were its own
+for rep in $(seq 1 "$REPS"); do
+  for side in before after; do
+    log "rep $rep: sqla_queue $side ($(git -C "$WORK/$side" rev-parse --short HEAD))"
+    # shellcheck disable=SC2086  # DRIVER_ARGS is a list of options
+    PYTHONPATH="$WORK/$side/benchmarks/peers" "$VENVS/sqla_queue_$side/bin/python" driver.py \
+      --adapter sqla_queue_adapter --db "bench_sqla_queue_$side" --reps 1 --only c,d \
+      --out "$RESULTS/$side.$rep.json" ${DRIVER_ARGS:-}
+  done
+  log "rep $rep: peer $PEER"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$HARNESS/adapters" "$VENVS/$PEER/bin/python" driver.py --adapter "${PEER}_adapter" \
+    --db "bench_$PEER" --reps 1 --only c,d --out "$RESULTS/$PEER.$rep.json" ${DRIVER_ARGS:-}
 done
-log "peer $PEER"
-# shellcheck disable=SC2086
-"$VENVS/$PEER/bin/python" driver.py --adapter "${PEER}_adapter" --db "bench_$PEER" \
-  --reps "$REPS" --only c,d --out "$RESULTS/$PEER.json" ${DRIVER_ARGS:-}
 
 python3 - "$RESULTS" "$PEER" <<'EOF'
 import json, pathlib, statistics, sys
@@ -61,9 +67,16 @@ results, peer = pathlib.Path(sys.argv[1]), sys.argv[2]
 print("| run | setting | (c) tasks/s, median | (d) p50 ms | (d) p99 ms |")
 print("|---|---|---|---|---|")
 for name in ("before", "after", peer):
-    data = json.loads((results / f"{name}.json").read_text())
-    latency = data.get("d", {})
-    for setting, runs in data.get("c", {}).items():
+    reps = [json.loads(path.read_text()) for path in sorted(results.glob(f"{name}.*.json"))]
+    data = reps[0]
+    latency: dict = {}
+    processing: dict = {}
+    for rep in reps:
+        for setting, runs in rep.get("d", {}).items():
+            latency.setdefault(setting, []).extend(runs)
+        for setting, runs in rep.get("c", {}).items():
+            processing.setdefault(setting, []).extend(runs)
+    for setting, runs in processing.items():
         rate = statistics.median(r["rate"] for r in runs)
         lat = latency.get(setting)
         p50 = f"{statistics.median(r['p50'] for r in lat):.2f}" if lat else ""

@@ -268,7 +268,76 @@ def _kill_leftovers() -> None:
 
 
 # --------------------------------------------------------------------- PgBouncer
-class PgBouncer:
+class _Daemon:
+    """A server process of a test's own on a free port of 127.0.0.1:
+    ``start()`` launches it and waits until it answers (another port if the
+    one it got was taken meanwhile), ``stop()`` / ``kill()`` signal it and
+    wait until it has exited. Subclasses say how to launch it and how to
+    tell it is up."""
+
+    name = "server"
+    port: int
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+    workdir: Path
+    startup_seconds: float
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def _up(self) -> bool:
+        """True once the process answers; RuntimeError if it exited."""
+        raise NotImplementedError
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        started = time.monotonic()
+        for _attempt in range(5):
+            if not self.port:
+                self.port = free_port()
+            self.proc = self._launch()
+            _running.add(self)
+            try:
+                poll(self._up, f"{self.name} on port {self.port}", timeout, self.log_path)
+            except RuntimeError:
+                if "Address already in use" in self.log():
+                    self.port = 0  # taken since free_port(): another one
+                    continue
+                raise AssertionError(f"{self.name} did not start{_tail(self.log_path)}") from None
+            self.startup_seconds = _since(started)
+            return
+        raise AssertionError(f"{self.name} found no free port{_tail(self.log_path)}")
+
+    def stop(self, timeout: float = START_TIMEOUT) -> None:
+        """SIGTERM, and wait until the process has exited."""
+        self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash), and wait until the process has exited."""
+        self._signal(signal.SIGKILL, START_TIMEOUT)
+
+    def restart(self, timeout: float = START_TIMEOUT) -> None:
+        self.stop(timeout)
+        self.start(timeout)
+
+    def _signal(self, signum: int, timeout: float) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        _running.discard(self)
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class PgBouncer(_Daemon):
     """A ``pgbouncer`` process of the test's own, on a free port of 127.0.0.1.
 
     ``url`` is the SQLAlchemy URL (psycopg 3) of the pooled database;
@@ -278,6 +347,8 @@ class PgBouncer:
     ``RECONNECT``…). ``stop()`` / ``start()`` / ``restart()`` / ``kill()`` keep
     the port. ``startup_seconds`` is how long the last start took.
     """
+
+    name = "pgbouncer"
 
     def __init__(
         self,
@@ -380,9 +451,6 @@ class PgBouncer:
             cur = conn.execute(command)
             return cur.fetchall() if cur.description else []
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
     def _write_config(self) -> None:
         lines = ["[databases]", self._databases, "[pgbouncer]"]
         lines += [
@@ -390,7 +458,7 @@ class PgBouncer:
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
 
-    def _answers(self) -> bool:
+    def _up(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"pgbouncer exited with {self.proc and self.proc.returncode}")
         try:
@@ -401,56 +469,21 @@ class PgBouncer:
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start pgbouncer and wait until its console answers (the upstream
-        server is not contacted: a test may start it with the server down)."""
-        started = time.monotonic()
-        for _attempt in range(5):
-            if not self.port:
-                self.port = free_port()
-            self._write_config()
-            self.proc = subprocess.Popen(
-                [self.binary, "-q", str(self.config_path)],
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                **_user_kwargs(self.os_user),
-            )
-            _running.add(self)
-            try:
-                poll(self._answers, f"pgbouncer on port {self.port}", timeout, self.log_path)
-            except RuntimeError:
-                if "Address already in use" in self.log():
-                    self.port = 0  # taken since free_port(): another one
-                    continue
-                raise AssertionError(f"pgbouncer did not start{_tail(self.log_path)}") from None
-            self.startup_seconds = _since(started)
-            return
-        raise AssertionError(f"pgbouncer found no free port{_tail(self.log_path)}")
+        server is not contacted: a test may start it with the server down).
+        SIGTERM in ``stop()`` is PgBouncer's immediate shutdown: clients are
+        cut off."""
+        super().start(timeout)
 
-    def stop(self, timeout: float = START_TIMEOUT) -> None:
-        """SIGTERM (PgBouncer's immediate shutdown: clients are cut off) and wait."""
-        self._signal(signal.SIGTERM, timeout)
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL, START_TIMEOUT)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def _signal(self, signum: int, timeout: float) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        _running.discard(self)
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+    def _launch(self) -> subprocess.Popen[bytes]:
+        self._write_config()
+        return subprocess.Popen(
+            [self.binary, "-q", str(self.config_path)],
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            **_user_kwargs(self.os_user),
+        )
 
 
 def _shared_upstream() -> dict[str, Any]:
@@ -838,7 +871,7 @@ MARIADB_OPTIONS = [
 ]
 
 
-class PrivateMariaDB:
+class PrivateMariaDB(_Daemon):
     """A MariaDB server of the test's own: TCP on a free port of 127.0.0.1
     and a socket in its own directory.
 
@@ -849,6 +882,7 @@ class PrivateMariaDB:
     until done. ``startup_seconds``: the last start.
     """
 
+    name = "mariadbd"
     host = "127.0.0.1"
     user = "root"
     dbname = "test"
@@ -907,63 +941,29 @@ class PrivateMariaDB:
     def start(self, timeout: float = START_TIMEOUT) -> None:
         if self.pid is not None:
             raise RuntimeError(f"mariadbd is already running (pid {self.pid})")
-        started = time.monotonic()
-        for _attempt in range(5):
-            if not self.port:
-                self.port = free_port()
-            argv = [
-                self.mariadbd,
-                "--no-defaults",
-                f"--datadir={self.data_dir}",
-                f"--port={self.port}",
-                "--bind-address=127.0.0.1",
-                f"--socket={self.workdir / 'mysqld.sock'}",
-                f"--pid-file={self.workdir / 'mysqld.pid'}",
-                f"--log-error={self.log_path}",
-                *MARIADB_OPTIONS,
-            ]
-            if self.os_user is not None:
-                argv.append(f"--user={self.os_user}")
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            _running.add(self)
-            try:
-                poll(self._up, f"mariadbd on port {self.port}", timeout, self.log_path)
-            except RuntimeError:
-                if "Address already in use" in self.log_path.read_text(errors="replace"):
-                    self.port = 0
-                    continue
-                raise AssertionError(f"mariadbd did not start{_tail(self.log_path)}") from None
-            self.startup_seconds = _since(started)
-            return
-        raise AssertionError(f"mariadbd found no free port{_tail(self.log_path)}")
+        super().start(timeout)
 
-    def stop(self, timeout: float = START_TIMEOUT) -> None:
-        """A clean shutdown (SIGTERM); waits until the process has exited."""
-        self._signal(signal.SIGTERM, timeout)
-
-    def kill(self) -> None:
-        """SIGKILL (a crash); waits until the process has exited."""
-        self._signal(signal.SIGKILL, START_TIMEOUT)
-
-    def restart(self, timeout: float = START_TIMEOUT) -> None:
-        self.stop(timeout)
-        self.start(timeout)
-
-    def _signal(self, signum: int, timeout: float) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        _running.discard(self)
+    def _launch(self) -> subprocess.Popen[bytes]:
+        argv = [
+            self.mariadbd,
+            "--no-defaults",
+            f"--datadir={self.data_dir}",
+            f"--port={self.port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={self.workdir / 'mysqld.sock'}",
+            f"--pid-file={self.workdir / 'mysqld.pid'}",
+            f"--log-error={self.log_path}",
+            *MARIADB_OPTIONS,
+        ]
+        if self.os_user is not None:
+            argv.append(f"--user={self.os_user}")
+        return subprocess.Popen(
+            argv,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill_connections(self, conn: Connection | None = None, timeout: float = 10.0) -> list[int]:
         """``KILL CONNECTION`` every client connection but the caller's
@@ -1002,10 +1002,6 @@ class PrivateMariaDB:
         finally:
             if own is not None:
                 own.close()
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -95,6 +95,16 @@ def spawned(*args: str, env: dict[str, str], count: int = 1) -> Iterator[list[Sp
             proc.kill()
 
 
+def stop_gracefully(workers: list[Spawned]) -> None:
+    """Every worker is still running (none exited on a fault): SIGTERM them
+    all, and each must exit 0."""
+    for worker in workers:
+        assert worker.proc.poll() is None, worker.output
+        worker.proc.send_signal(signal.SIGTERM)
+    for worker in workers:
+        assert worker.wait(timeout=30) == 0, worker.output
+
+
 def worker_env(table_name: str, **extra: str) -> dict[str, str]:
     return {"SQLA_QUEUE_TEST_TABLE": table_name, **extra}
 

@@ -9,6 +9,7 @@ the variants of each mistake are checked in-process. No database is used.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,22 @@ class TestBackoffNamesTheSource:
 
         backoff = Tuned().backoff(Settings(max_retry=9, base_interval_retry_minutes=2))
         assert (backoff.max_attempts, backoff.base_interval_minutes) == (4, 0.5)
+
+
+def test_an_engine_whose_pool_cannot_hold_the_lanes_is_refused(tmp_path: Path) -> None:
+    """SQLite's default pool once let --concurrency 8 hang for 30 s and fail
+    with QueuePool limit reached; an engine passed in is now checked at start."""
+    from sqlalchemy import create_engine
+
+    from tests.app import RecordingWorker
+
+    engine = create_engine(f"sqlite:///{tmp_path}/queue.db", pool_size=5, max_overflow=10)
+    try:
+        with pytest.raises(ConfigurationError) as error:
+            RecordingWorker().run(engine=engine, concurrency=7, settings=Settings())
+        assert str(error.value) == (
+            "the engine's pool allows 15 connections and 7 lane(s) need 17: "
+            "lower --concurrency or raise pool_size/max_overflow"
+        )
+    finally:
+        engine.dispose()

@@ -9,14 +9,19 @@ worker may exit.
 
 from __future__ import annotations
 
-import signal
-
 from sqlalchemy.orm import Session
 
 from tests.app import build
 from tests.conftest import wait_until
 from tests.servers import PrivatePostgres
-from tests.test_concurrency import effects, insert_tasks, spawned, statuses, worker_env
+from tests.test_concurrency import (
+    effects,
+    insert_tasks,
+    spawned,
+    statuses,
+    stop_gracefully,
+    worker_env,
+)
 
 RECORDING = "tests.app:RecordingWorker"
 OPEN = {"agendada", "pendente", "processando"}
@@ -61,11 +66,7 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
             timeout=90,
             message="every task to finish",
         )
-        for worker in workers:
-            assert worker.proc.poll() is None, worker.output
-            worker.proc.send_signal(signal.SIGTERM)
-        for worker in workers:
-            assert worker.wait(timeout=30) == 0, worker.output
+        stop_gracefully(workers)
 
     with Session(engine) as session:
         rows = session.query(app.Task.id, app.Task.initial_id, app.Task.status).all()

@@ -8,14 +8,19 @@ that waiting cannot fix must stop the worker with one clear line.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from sqlalchemy import Engine, text
 
 from tests.app import App
 from tests.conftest import run_cli, wait_until
-from tests.test_concurrency import effects, insert_tasks, spawned, statuses, worker_env
+from tests.test_concurrency import (
+    effects,
+    insert_tasks,
+    spawned,
+    statuses,
+    stop_gracefully,
+    worker_env,
+)
 from tests.test_worker import tasks
 
 KILLER = "tests.app:KillerWorker"
@@ -75,9 +80,7 @@ def test_task_that_kills_its_connection_reaches_the_dead_letter_and_the_worker_l
             lambda: all(statuses(engine, app)[i] == "sucesso" for i in healthy),
             message="the healthy tasks after the poison one",
         )
-        assert worker.proc.poll() is None, worker.output
-        worker.proc.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, worker.output
+        stop_gracefully([worker])
     chain = [t for t in tasks(engine, app) if t.process == "poison"]
     assert [(t.attempt, t.dead, t.status) for t in chain] == [
         (1, False, "falha"),
@@ -108,9 +111,7 @@ def test_worker_whose_connections_are_all_killed_carries_on_exactly_once(
             timeout=90,
             message="every task to finish",
         )
-        assert worker.proc.poll() is None, worker.output
-        worker.proc.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, worker.output
+        stop_gracefully([worker])
     finished = [t for t in tasks(engine, app) if t.status == "sucesso"]
     done = effects(engine, app)
     # every chain finished once, and each effect belongs to a 'sucesso' attempt

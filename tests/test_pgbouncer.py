@@ -9,7 +9,6 @@ reads pg_locks instead, and trusts the lease; see docs/pgbouncer.md.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +18,14 @@ from tests.app import App
 from tests.conftest import wait_until
 from tests.servers import PgBouncer
 from tests.test_claims import rescue, runner
-from tests.test_concurrency import effects, insert_tasks, spawned, statuses, worker_env
+from tests.test_concurrency import (
+    effects,
+    insert_tasks,
+    spawned,
+    statuses,
+    stop_gracefully,
+    worker_env,
+)
 from tests.test_worker import enqueue, tasks
 
 RECORDING = "tests.app:RecordingWorker"
@@ -84,9 +90,5 @@ def test_workers_behind_pgbouncer_run_every_task_once(
             timeout=60,
             message="every task",
         )
-        for worker in workers:
-            assert worker.proc.poll() is None, worker.output
-            worker.proc.send_signal(signal.SIGTERM)
-        for worker in workers:
-            assert worker.wait(timeout=30) == 0, worker.output
+        stop_gracefully(workers)
     assert sorted(task_id for task_id, _, _ in effects(engine, app)) == ids
