@@ -60,15 +60,16 @@ class FanOut:
     ``subscriber_table`` (None: the worker has no ``subscriber_model``, and
     a publication it claims fails with a message that says so)."""
 
+    #: called between two chunk statements with the number of copies
+    #: inserted so far (a test hook: tests fail or block a fan-out there)
+    between_chunks: Callable[[int], None] | None = None
+
     def __init__(
         self, adapter: Adapter, subscriber_table: Table | None, *, worker_name: str = "the worker"
     ) -> None:
         self.adapter = adapter
         self.subscriber_table = subscriber_table
         self.worker_name = worker_name
-        #: called between two chunk statements with the number inserted so
-        #: far (tests use it to fail or block inside a fan-out)
-        self.between_chunks: Callable[[int], None] | None = None
 
     def wrap(self, handler: Handler) -> Handler:
         """``handler``, with publications routed to :meth:`publish`."""

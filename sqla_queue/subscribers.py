@@ -43,7 +43,7 @@ class SubscriberMixin:
     process: Mapped[str] = mapped_column("processo", String(250), nullable=False)
     url: Mapped[str | None] = mapped_column("url", String(2048))
     http_method: Mapped[str | None] = mapped_column("http_method", String(8))
-    headers: Mapped[Any] = mapped_column("headers", JSON)
+    headers: Mapped[Any] = mapped_column("headers", JSON(none_as_null=True), nullable=True)
     active: Mapped[bool] = mapped_column(
         "ativo", Boolean, nullable=False, default=True, server_default=true()
     )
