@@ -10,22 +10,26 @@ from .client import QueueClient
 from .events import install, uninstall
 from .exceptions import (
     ConfigurationError,
+    FanOutError,
     InvalidIdentifierError,
     NotInstalledError,
     PayloadError,
     SqlaQueueError,
+    SubscriberNotRegistered,
     UnpreparedTaskError,
     UnsupportedOperationError,
 )
 from .mixins import QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
-from .worker import WorkerBase
+from .subscribers import SubscriberMixin, SubscriptionRecord
+from .worker import WorkerBase, WorkerPubSubBase, dead_subscriber, subscriber
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
+    "FanOutError",
     "InvalidIdentifierError",
     "JsonText",
     "NotInstalledError",
@@ -34,10 +38,16 @@ __all__ = [
     "QueueMixin",
     "SqlaQueueError",
     "Status",
+    "SubscriberMixin",
+    "SubscriberNotRegistered",
+    "SubscriptionRecord",
     "TaskRecord",
     "UnpreparedTaskError",
     "UnsupportedOperationError",
     "WorkerBase",
+    "WorkerPubSubBase",
+    "dead_subscriber",
     "install",
+    "subscriber",
     "uninstall",
 ]

@@ -211,6 +211,21 @@ class QueueClient:
         conn = self.connection
         return self._adapter(conn).task_insert_one(conn, row=row)
 
+    def insert_task_pub_sub(self, *args: Any, **kwargs: Any) -> int:
+        """Publish one task (``pub_sub`` true); returns its id. Same
+        parameters as :meth:`insert_task`. A pub/sub worker fans it out to
+        the subscriptions of its ``processo`` (docs/pubsub.md); no subscriber
+        table is needed here, at insert time."""
+        row = _task_row(_normalise(args, kwargs), pub_sub=True, now=utcnow())
+        conn = self.connection
+        return self._adapter(conn).task_insert_one(conn, row=row)
+
+    def insert_task_webhook(self, *args: Any, **kwargs: Any) -> int:
+        """Publish one task for webhook delivery: the same as
+        :meth:`insert_task_pub_sub`, as in nsj-queue-lib (the subscriptions'
+        ``url`` says where each copy goes)."""
+        return self.insert_task_pub_sub(*args, **kwargs)
+
     def insert_tasks(
         self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool = False
     ) -> list[int]:

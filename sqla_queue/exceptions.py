@@ -48,3 +48,12 @@ class WorkerImportError(ConfigurationError):
 
 class WorkerDatabaseError(SqlaQueueError):
     """A ``--burst`` worker stopped on a database error (unreachable, refused)."""
+
+
+class SubscriberNotRegistered(SqlaQueueError):
+    """A pub/sub copy names a subscriber id that its worker class has no
+    ``@subscriber`` method for (the copy fails and retries, never dropped)."""
+
+
+class FanOutError(SqlaQueueError):
+    """A publication cannot be fanned out to its subscribers."""

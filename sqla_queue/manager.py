@@ -43,6 +43,7 @@ from .retry import LinearBackoff
 from .types import utcnow
 
 if TYPE_CHECKING:
+    from .fanout import FanOut
     from .leases import Claims, LeasePolicy
 
 __all__ = ["BatchResult", "ClaimLost", "ConnectionLost", "Handler", "TaskManager"]
@@ -96,8 +97,12 @@ class TaskManager:
         *,
         claims: Claims,
         lease: LeasePolicy,
+        fanout: FanOut | None = None,
     ) -> None:
         self.adapter = adapter
+        #: runs claimed publications (pub_sub, not dead) instead of the
+        #: handler, in the same savepoint and batch transaction (fanout.py)
+        self.fanout = fanout
         self.backoff = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
@@ -135,6 +140,8 @@ class TaskManager:
         to ``pendente`` in the same commit."""
         started = time.perf_counter()
         ids = [task.id for task in tasks]
+        if self.fanout is not None:
+            handler = self.fanout.wrap(handler)
         try:
             try:
                 result = self._run_together(work_conn, tasks, handler, should_stop)

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Integer,
     String,
     Table,
+    and_,
     event,
     false,
     text,
@@ -223,6 +224,36 @@ def add_queue_schema(table: Table, channel: str) -> None:
         postgresql_where=c.status == Status.PENDING.value,
         sqlite_where=c.status == Status.PENDING.value,
     ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    # Routing (a worker's ``processes``, a pub/sub worker's subscriber ids):
+    # ready rows of some processes in claim order, and ready copies by
+    # subscriber. Partial where the dialect can, so finished rows, and plain
+    # tasks for the second, cost nothing (docs/pubsub.md has the measured cost).
+    Index(
+        derived_identifier(name, "pendente_processo", "ix_"),
+        c.processo,
+        c.prioridade.desc(),
+        c.data_hora,
+        c.id,
+        postgresql_where=c.status == Status.PENDING.value,
+        sqlite_where=c.status == Status.PENDING.value,
+    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    pending_copy = and_(c.status == Status.PENDING.value, c.subscriber_id.is_not(None))
+    Index(
+        derived_identifier(name, "pendente_assinante", "ix_"),
+        c.subscriber_id,
+        postgresql_where=pending_copy,
+        sqlite_where=pending_copy,
+    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+    Index(
+        derived_identifier(name, "status_processo", "ix_"),
+        c.status,
+        c.processo,
+        c.prioridade.desc(),
+        c.data_hora,
+    ).ddl_if(dialect=_MYSQL_DIALECTS)
+    Index(derived_identifier(name, "status_assinante", "ix_"), c.status, c.subscriber_id).ddl_if(
+        dialect=_MYSQL_DIALECTS
+    )
     Index(
         derived_identifier(name, "agendada", "ix_"),
         c.data_hora,

@@ -167,12 +167,21 @@ def test_claim_indexes_exist(engine: Engine, table_name: str) -> None:
     common = {f"ix_{table_name}_equivalente", f"ix_{table_name}_data_hora"}
     if engine.dialect.name in ("postgresql", "sqlite"):
         expected = common | {
-            f"ix_{table_name}_{s}" for s in ("pendente", "agendada", "processando")
+            f"ix_{table_name}_{s}"
+            for s in (
+                "pendente",
+                "agendada",
+                "processando",
+                "pendente_processo",
+                "pendente_assinante",
+            )
         }
     else:
         expected = common | {
             f"ix_{table_name}_status_prioridade",
             f"ix_{table_name}_status_data_hora",
+            f"ix_{table_name}_status_processo",
+            f"ix_{table_name}_status_assinante",
         }
     assert names == expected
 
@@ -372,6 +381,10 @@ def test_singlestore_create_all_emits_no_postgresql_ddl(app: App, table_name: st
             f"CREATE INDEX ix_{table_name}_status_prioridade ON {table_name} "
             "(status, prioridade DESC, data_hora)",
             f"CREATE INDEX ix_{table_name}_status_data_hora ON {table_name} (status, data_hora)",
+            f"CREATE INDEX ix_{table_name}_status_processo ON {table_name} "
+            "(status, processo, prioridade DESC, data_hora)",
+            f"CREATE INDEX ix_{table_name}_status_assinante ON {table_name} "
+            "(status, subscriber_id)",
             f"CREATE INDEX ix_{table_name}_equivalente ON {table_name} "
             "(chave_externa, payload_hash, status)",
             f"CREATE INDEX ix_{table_name}_data_hora ON {table_name} (data_hora)",

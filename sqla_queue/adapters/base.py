@@ -23,6 +23,7 @@ import contextlib
 import datetime as dt
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
 
@@ -31,12 +32,14 @@ from sqlalchemy import (
     Engine,
     Integer,
     Table,
+    and_,
     bindparam,
     func,
     insert,
     inspect,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.engine import Dialect
@@ -49,11 +52,38 @@ from ..mixins import LEASE_COLUMNS, Status
 from ..records import TaskRecord
 from ..types import UtcDateTime, utcnow
 
-__all__ = ["Adapter", "Listener"]
+__all__ = ["Adapter", "ClaimFilter", "Listener"]
 
 SUCCESS_MESSAGE = "Concluído com sucesso"
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class ClaimFilter:
+    """Which ready rows a worker's claim may take (the runner decides, the
+    adapter compiles it into its claim statements once).
+
+    ``processes``: only rows whose ``processo`` is one of these (None: any).
+    ``subscriber_ids``: None for a plain filter; a set (maybe empty) makes
+    it a pub/sub filter: rows with ``pub_sub`` true (of ``processes``, when
+    given) or whose ``subscriber_id`` is one of these, and nothing else."""
+
+    processes: frozenset[str] | None = None
+    subscriber_ids: frozenset[str] | None = None
+
+    def predicate(self, table: Table) -> ColumnElement[bool] | None:
+        """The WHERE condition, or None when every row qualifies."""
+        c = table.c
+        by_process = None if self.processes is None else c.processo.in_(sorted(self.processes))
+        if self.subscriber_ids is None:
+            return by_process
+        publications = c.pub_sub == true()
+        if by_process is not None:
+            publications = and_(publications, by_process)
+        if not self.subscriber_ids:
+            return publications
+        return or_(publications, c.subscriber_id.in_(sorted(self.subscriber_ids)))
 
 
 class Listener:
@@ -170,9 +200,17 @@ class Adapter:
     supports_notify: ClassVar[bool] = False
     supports_task_locks: ClassVar[bool] = False
 
-    def __init__(self, table: Table, channel: str, *, task_locks: bool = True) -> None:
+    def __init__(
+        self,
+        table: Table,
+        channel: str,
+        *,
+        task_locks: bool = True,
+        claim_filter: ClaimFilter | None = None,
+    ) -> None:
         self.table = table
         self.channel = channel
+        self.claim_filter = claim_filter
         #: take a per-task lock at claim time, where the database has one that
         #: dies with the connection (off behind a transaction-pooling proxy)
         self.task_locks = task_locks and self.supports_task_locks
@@ -236,6 +274,16 @@ class Adapter:
         self._direct_inserts: dict[tuple[Any, ...], _DirectInsert | None] = {}
 
     # ------------------------------------------------------------ helpers
+    def _ready(self) -> list[ColumnElement[bool]]:
+        """The claim's test of a ready row: ``pendente``, due, and within
+        this adapter's claim filter."""
+        c = self.table.c
+        where = [c.status == Status.PENDING.value, c.data_hora <= self.now()]
+        routed = None if self.claim_filter is None else self.claim_filter.predicate(self.table)
+        if routed is not None:
+            where.append(routed)
+        return where
+
     def now(self) -> ColumnElement[dt.datetime]:
         """The current time in SQL (the application's clock by default)."""
         return bindparam("now", callable_=utcnow, type_=UtcDateTime())
@@ -405,6 +453,32 @@ class Adapter:
         """Whether ``exc`` is a conflict that succeeds when retried
         (a deadlock, a lock wait timeout, a serialization failure)."""
         return False
+
+    # ------------------------------------------------------------ subscriptions
+    def subscription_list(
+        self,
+        conn: Connection,
+        *,
+        table: Table,
+        process: str | None,
+        tenant: int | None,
+        company_group: str | None,
+    ) -> list[dict[str, Any]]:
+        """Active rows of subscriber ``table`` for ``process`` whose tenant
+        and company group are NULL or equal to those given, by id; each a
+        dict by column name (every column, the caller picks)."""
+        c = table.c
+        statement = (
+            select(table)
+            .where(
+                c.processo == process,
+                c.ativo == true(),
+                or_(c.tenant.is_(None), c.tenant == tenant),
+                or_(c.grupo_empresarial.is_(None), c.grupo_empresarial == company_group),
+            )
+            .order_by(c.id)
+        )
+        return [dict(row) for row in conn.execute(statement).mappings()]
 
     # ------------------------------------------------------------ claim
     def task_claim_many(

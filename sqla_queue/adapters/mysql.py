@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import PROMOTE_CHUNK, Adapter
+from .base import PROMOTE_CHUNK, Adapter, ClaimFilter
 
 
 class MySQLAdapter(Adapter):
@@ -43,13 +43,20 @@ class MySQLAdapter(Adapter):
     #: SELECT ... FOR UPDATE SKIP LOCKED (MariaDB 10.6+, MySQL 8.0+)
     skip_locked: ClassVar[bool] = True
 
-    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
+    def __init__(
+        self,
+        table: Any,
+        channel: str,
+        *,
+        task_locks: bool = True,
+        claim_filter: ClaimFilter | None = None,
+    ) -> None:
         self._lock_prefixes: dict[str, str] = {}
-        super().__init__(table, channel, task_locks=task_locks)
+        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
         c = self.table.c
         self._select_ready = self._locking(
             select(self.table)
-            .where(c.status == Status.PENDING.value, c.data_hora <= self.now())
+            .where(*self._ready())
             .order_by(*self._claim_order)
             .limit(self._limit_param())
         )

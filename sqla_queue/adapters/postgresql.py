@@ -47,7 +47,14 @@ from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
 from ..redaction import describe_error
-from .base import PROMOTE_CHUNK, Adapter, Listener, driver_cursor, statements_unobserved
+from .base import (
+    PROMOTE_CHUNK,
+    Adapter,
+    ClaimFilter,
+    Listener,
+    driver_cursor,
+    statements_unobserved,
+)
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
@@ -99,13 +106,20 @@ class PostgresAdapter(Adapter):
         sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
         return sqlstate in self.TRANSIENT_SQLSTATES
 
-    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
-        super().__init__(table, channel, task_locks=task_locks)
+    def __init__(
+        self,
+        table: Any,
+        channel: str,
+        *,
+        task_locks: bool = True,
+        claim_filter: ClaimFilter | None = None,
+    ) -> None:
+        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
         t = self.table
         c = t.c
         ready = (
             select(c.id)
-            .where(c.status == Status.PENDING.value, c.data_hora <= func.now())
+            .where(*self._ready())
             .order_by(*self._claim_order)
             .limit(bindparam("limit"))
             .with_for_update(skip_locked=True)

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, bindparam, select, update
 
 from ..mixins import Status
 from ..records import TaskRecord
+from .base import ClaimFilter
 from .mysql import MySQLAdapter
 
 
@@ -28,12 +29,19 @@ class SingleStoreAdapter(MySQLAdapter):
     supports_task_locks = False
     skip_locked = False
 
-    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
-        super().__init__(table, channel, task_locks=task_locks)
+    def __init__(
+        self,
+        table: Any,
+        channel: str,
+        *,
+        task_locks: bool = True,
+        claim_filter: ClaimFilter | None = None,
+    ) -> None:
+        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
         c = self.table.c
         self._candidates = (
             select(c.id)
-            .where(c.status == Status.PENDING.value, c.data_hora <= self.now())
+            .where(*self._ready())
             .order_by(*self._claim_order)
             .limit(self._limit_param())
         )

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, bindparam, event, select, update
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter
+from .base import Adapter, ClaimFilter
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -50,12 +50,19 @@ def _use_wal(cursor: Any) -> None:
 class SQLiteAdapter(Adapter):
     family = "sqlite"
 
-    def __init__(self, table: Any, channel: str, *, task_locks: bool = True) -> None:
-        super().__init__(table, channel, task_locks=task_locks)
+    def __init__(
+        self,
+        table: Any,
+        channel: str,
+        *,
+        task_locks: bool = True,
+        claim_filter: ClaimFilter | None = None,
+    ) -> None:
+        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
         c = self.table.c
         ready = (
             select(c.id)
-            .where(c.status == Status.PENDING.value, c.data_hora <= self.now())
+            .where(*self._ready())
             .order_by(*self._claim_order)
             .limit(bindparam("limit"))
         )

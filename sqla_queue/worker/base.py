@@ -66,6 +66,9 @@ class WorkerBase(abc.ABC):
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
     task_locks: ClassVar[bool | None] = None
+    # --- routing by process (h14-pubsub): see sqla_queue/routing.py
+    #: the ``processo`` names this worker claims (a set); None: every task
+    processes: ClassVar[frozenset[str] | set[str] | None] = None
 
     @abc.abstractmethod
     def execute(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
@@ -149,6 +152,10 @@ class WorkerBase(abc.ABC):
                 choices = " or ".join(str(choice) for choice in allowed)
                 raise ConfigurationError(f"{name}.{flag} must be {choices}, not {value!r}")
         cls.queue_model()
+        # --- routing by process (h14-pubsub)
+        from ..routing import check_processes
+
+        check_processes(f"{name}.processes", cls.processes)
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]:

@@ -54,12 +54,15 @@ from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_for
 from ..exceptions import ConfigurationError, WorkerDatabaseError
+from ..fanout import FanOut
 from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
 from ..manager import ConnectionLost, TaskManager, describe_traceback
 from ..mixins import channel_of
 from ..records import TaskRecord
 from ..redaction import redact
+from ..routing import claim_filter_of
 from ..settings import Settings, engine_options, normalize_url
+from ..subscribers import SubscriberMixin
 from ..types import dialect_family, utcnow
 from .base import WorkerBase
 
@@ -123,12 +126,18 @@ class Runner:
             table,  # type: ignore[arg-type]
             channel_of(model, table),  # type: ignore[arg-type]
             task_locks=task_locks,
+            claim_filter=claim_filter_of(cls),
         )
         self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()
         self.claims = Claims(self.worker_id)
+        self.fanout = FanOut(self.adapter, _subscriber_table(cls), worker_name=cls.__name__)
         self.manager = TaskManager(
-            self.adapter, worker.backoff(self.settings), claims=self.claims, lease=self.lease
+            self.adapter,
+            worker.backoff(self.settings),
+            claims=self.claims,
+            lease=self.lease,
+            fanout=self.fanout,
         )
         self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
         self.stopping = threading.Event()
@@ -378,6 +387,14 @@ class Runner:
         self._rescue_at = now + self.lease.rescue_every_seconds
         with self.adapter.connect_maintenance(self.engine) as conn:
             self.manager.rescue(conn)
+
+
+def _subscriber_table(cls: type[WorkerBase]) -> Any:
+    """The subscriber table a worker class fans publications out to, if any."""
+    model = getattr(cls, "subscriber_model", None)
+    if isinstance(model, type) and issubclass(model, SubscriberMixin):
+        return getattr(model, "__table__", None)
+    return None
 
 
 @contextlib.contextmanager
