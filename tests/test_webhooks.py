@@ -53,6 +53,9 @@ HUGE = 10 * 1024 * 1024
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # headers and body are two writes: with Nagle on, each response waits 40 ms
+    # for the client's delayed ACK
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
