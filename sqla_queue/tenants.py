@@ -163,7 +163,9 @@ def _driver(driver: str) -> str:
     """``postgresql``, ``mysql+pymysql``… or the seed's ``POSTGRES`` / ``MYSQL``."""
     name = _DRIVERS.get(driver.upper(), driver)
     try:
-        return normalize_url(URL.create(name, host="h", database="d")).drivername
+        url = normalize_url(URL.create(name, host="h", database="d"))
+        url.get_dialect()  # an unknown dialect fails here, not at the first task
+        return url.drivername
     except Exception:
         raise ConfigurationError(f"unknown tenant database driver {driver!r}") from None
 
