@@ -225,6 +225,7 @@ class CredentialsApiResolver:
         self._token_lock = threading.Lock()
         self._credentials: dict[int, tuple[float, URL]] = {}
         self._credentials_lock = threading.Lock()
+        self._tenant_locks: dict[int, threading.Lock] = {}
 
     def __repr__(self) -> str:
         return (
@@ -315,7 +316,9 @@ class CredentialsApiResolver:
     # -------------------------------------------------------- credentials
     def database_url(self, tenant: int) -> URL:
         tenant = _tenant_number(tenant)
-        with self._credentials_lock:
+        with self._credentials_lock:  # one call per tenant at a time, tenants in parallel
+            lock = self._tenant_locks.setdefault(tenant, threading.Lock())
+        with lock:
             cached = self._credentials.get(tenant)
             if cached is not None and self.clock() < cached[0]:
                 return cached[1]

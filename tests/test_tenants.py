@@ -47,7 +47,7 @@ from sqla_queue.tenants import (
 )
 from sqla_queue.worker import Runner
 from tests.app import App
-from tests.conftest import server_url
+from tests.conftest import run_cli, server_url
 from tests.test_worker import drain, enqueue, tasks
 
 TENANTS = (47, 48)
@@ -664,3 +664,23 @@ def test_a_token_endpoint_error_fails_the_task_without_secrets(
     for record in caplog.records:
         assert_no_secret(record.getMessage(), auth)
     assert "Pa55" not in repr(api_resolver(base))
+
+
+def test_the_command_refuses_a_bad_multi_database_environment(tmp_path: Path) -> None:
+    """One line, no traceback, secrets kept out of it."""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    cases = [
+        (
+            {"MULTI_DATABASE": "true", "SQLA_QUEUE_TENANT_URL_TEMPLATE": "sqlite:///{tenant}"},
+            "Error: RecordingWorker.execute must take (self, payload, task, session, "
+            "tenant_session) in multi-database mode",
+        ),
+        ({"MULTI_DATABASE": "maybe"}, "Error: MULTI_DATABASE must be true or false"),
+    ]
+    for env, message in cases:
+        proc = run_cli(
+            "worker", "tests.app:RecordingWorker", "--url", url, "--burst", env=env, check=False
+        )
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert message in proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
