@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -30,6 +30,7 @@ __all__ = [
     "WAIT_SECONDS",
     "Range",
     "Settings",
+    "TenantSettings",
     "database_url",
     "driver_error",
     "engine_options",
@@ -289,6 +290,8 @@ class Settings:
     listen_fallback_seconds: float = 5.0
     log_debug: bool = False
     task_locks: bool = True
+    #: multi-database tenants (MULTI_DATABASE and its companions); docs/tenants.md
+    tenants: TenantSettings = field(default_factory=lambda: TenantSettings())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -305,4 +308,59 @@ class Settings:
             listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0, WAIT_SECONDS),
             log_debug=env.get("LOG_DEBUG", "").strip().upper() in ("TRUE", "1", "YES"),
             task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
+            tenants=TenantSettings.from_env(env),
+        )
+
+
+# ------------------------------------------------------ multi-database tenants
+#: the seed's defaults (nsj-queue-lib settings.py:63-71)
+DEFAULT_CREDENTIALS_URL = "https://api.sre.nasajon.com.br/erp/credentials"
+DEFAULT_OAUTH_TOKEN_URL = (
+    "https://auth.nasajon.com.br/auth/realms/master/protocol/openid-connect/token"
+)
+#: seconds a tenant's credentials are reused before the API is asked again
+CREDENTIALS_TTL = Range(0, 24 * 60 * 60, unit="seconds")
+#: engines kept open, one per tenant, least recently used evicted
+TENANT_ENGINES = Range(1, 10_000, integer=True)
+#: seconds an HTTP call to the token endpoint or the credentials API may take
+HTTP_TIMEOUT = Range(0, 300, low_open=True, unit="seconds")
+
+
+@dataclass(frozen=True)
+class TenantSettings:
+    """The multi-database variables. Secrets stay out of ``repr``."""
+
+    multi_database: bool = False
+    url_template: str | None = field(default=None, repr=False)
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    client_id: str | None = None
+    credentials_url: str = DEFAULT_CREDENTIALS_URL
+    token_url: str = DEFAULT_OAUTH_TOKEN_URL
+    driver: str = "postgresql"
+    credentials_ttl_seconds: float = 300.0
+    max_engines: int = 32
+    http_timeout_seconds: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TenantSettings:
+        env = os.environ if env is None else env
+        return cls(
+            multi_database=_flag(env, "MULTI_DATABASE", default=False),
+            url_template=_first(env, "SQLA_QUEUE_TENANT_URL_TEMPLATE"),
+            user=_first(env, "MULTI_DATABASE_USER"),
+            password=_first(env, "MULTI_DATABASE_PASSWORD"),
+            client_id=_first(env, "MULTI_DATABASE_CLIENT_ID"),
+            # the seed's spelling first, then the correct one
+            credentials_url=_first(
+                env, "MULTI_DATABASE_API_CREDETIALS_URL", "MULTI_DATABASE_API_CREDENTIALS_URL"
+            )
+            or DEFAULT_CREDENTIALS_URL,
+            token_url=_first(env, "OAUTH_TOKEN_URL") or DEFAULT_OAUTH_TOKEN_URL,
+            driver=_first(env, "SQLA_QUEUE_TENANT_DRIVER") or "postgresql",
+            credentials_ttl_seconds=_number(
+                env, "SQLA_QUEUE_TENANT_CREDENTIALS_TTL", 300.0, CREDENTIALS_TTL
+            ),
+            max_engines=int(_number(env, "SQLA_QUEUE_TENANT_ENGINES", 32, TENANT_ENGINES)),
+            http_timeout_seconds=_number(env, "SQLA_QUEUE_TENANT_HTTP_TIMEOUT", 10.0, HTTP_TIMEOUT),
         )

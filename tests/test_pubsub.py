@@ -395,6 +395,14 @@ def test_pubsub_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match=r"Async\.x .*coroutine"):
         Async.check_configuration()
 
+    class Tenanted(WorkerPubSubBase):
+        model = papp.Task
+        subscriber_model = papp.Subscriber
+        multi_database = True
+
+    with pytest.raises(ConfigurationError, match="multi-database mode are not supported yet"):
+        Tenanted.check_configuration()
+
     with pytest.raises(ConfigurationError, match="is on both"):
 
         class Twice(WorkerPubSubBase):

@@ -17,8 +17,10 @@ the worker at start with one line naming the class and the attribute.
 from __future__ import annotations
 
 import abc
+import contextlib
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from sqlalchemy import Engine
@@ -31,6 +33,7 @@ from ..mixins import QueueMixin
 from ..records import TaskRecord
 from ..retry import LinearBackoff
 from ..settings import BASE_INTERVAL_MINUTES, MAX_RETRY, Range, Settings
+from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -69,6 +72,15 @@ class WorkerBase(abc.ABC):
     # --- routing by process (h14-pubsub): see sqla_queue/routing.py
     #: the ``processo`` names this worker claims (a set); None: every task
     processes: ClassVar[frozenset[str] | set[str] | None] = None
+    #: multi-database tenants (docs/tenants.md): handlers get a fifth argument,
+    #: ``tenant_session``. None: MULTI_DATABASE; True: on, with the resolver the
+    #: environment names; False: off whatever the environment says
+    multi_database: ClassVar[bool | None] = None
+    #: a TenantResolver (UrlTemplateResolver, MappingResolver,
+    #: CredentialsApiResolver): turns multi-database on, wins over the environment
+    tenant_resolver: ClassVar[TenantResolver | None] = None
+    #: the tenant engines while a runner runs this worker (open_tenants)
+    _tenant_engines: TenantEngines | None = None
 
     @abc.abstractmethod
     def execute(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
@@ -76,8 +88,11 @@ class WorkerBase(abc.ABC):
         the task's ``sucesso``: write through it and both commit together.
         Return a message for ``mensagem`` (or None); raise to fail."""
 
-    def execute_dead(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
-        """Handle a dead-letter run (a task that exhausted its attempts)."""
+    def execute_dead(
+        self, payload: Any, task: TaskRecord, session: Session, tenant_session: Any = None
+    ) -> str | None:
+        """Handle a dead-letter run (a task that exhausted its attempts).
+        ``tenant_session`` is given in multi-database mode only."""
         message = (
             f"Tarefa com ID {task.live_id} excedeu o número de tentativas, sem sucesso. "
             "Será necessária intervenção manual."
@@ -86,10 +101,82 @@ class WorkerBase(abc.ABC):
         return message
 
     def dispatch(self, task: TaskRecord, session: Session) -> str | None:
-        """Route a claimed task to its handler (pub/sub workers extend this)."""
-        if task.dead:
-            return self.execute_dead(task.payload, task, session)
-        return self.execute(task.payload, task, session)
+        """Route a claimed task to its handler (pub/sub workers extend this).
+
+        In multi-database mode the handler gets a fifth argument, a Session
+        on the task's tenant's database, committed when the handler returns:
+        before the queue's ``sucesso``, which commits later with its batch
+        (docs/tenants.md says what a crash in between does)."""
+        handler: Any = self.execute_dead if task.dead else self.execute
+        if self._tenant_engines is None:
+            return handler(task.payload, task, session)  # type: ignore[no-any-return]
+        with self.tenant_session(task) as tenant_session:
+            return handler(task.payload, task, session, tenant_session)  # type: ignore[no-any-return]
+
+    @contextlib.contextmanager
+    def tenant_session(self, task: TaskRecord) -> Iterator[Session]:
+        """A Session on ``task.tenant``'s database for the block: committed
+        when the block returns, rolled back when it raises, closed always.
+        For dispatch overrides (pub/sub) that call handlers themselves."""
+        engines = self._tenant_engines
+        if engines is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} is not in multi-database mode: no tenant session"
+            )
+        with engines.session(task.tenant) as tenant_session:
+            yield tenant_session
+            tenant_session.commit()  # the tenant's work first, the queue's sucesso after
+
+    # ------------------------------------------------------- multi-database
+    @classmethod
+    def uses_tenants(cls, settings: Settings | None = None) -> bool:
+        """Whether handlers get a ``tenant_session``: the class's
+        ``tenant_resolver`` or ``multi_database``, else MULTI_DATABASE."""
+        if cls.tenant_resolver is not None:
+            return True
+        if cls.multi_database is not None:
+            return bool(cls.multi_database)
+        return settings is not None and settings.tenants.multi_database
+
+    def open_tenants(self, settings: Settings, concurrency: int = 1) -> TenantEngines | None:
+        """Build the tenant engine cache when multi-database is on (the
+        runner calls this at start, and close_tenants() at stop). Refuses a
+        handler that cannot take ``tenant_session`` and an incomplete
+        environment, with one line."""
+        cls = type(self)
+        self._tenant_engines = None
+        if not cls.uses_tenants(settings):
+            return None
+        cls._check_tenant_handlers()
+        resolver = cls.tenant_resolver or resolver_from_settings(settings.tenants)
+        self._tenant_engines = TenantEngines(
+            resolver,
+            max_size=settings.tenants.max_engines,
+            pool_size=1,
+            max_overflow=concurrency,
+        )
+        logger.info("%s: multi-database mode, tenants by %r", cls.__name__, resolver)
+        return self._tenant_engines
+
+    def close_tenants(self) -> None:
+        """Dispose the tenant engines (idempotent)."""
+        engines, self._tenant_engines = self._tenant_engines, None
+        if engines is not None:
+            engines.close()
+
+    @classmethod
+    def _check_tenant_handlers(cls) -> None:
+        for handler in ("execute", "execute_dead"):
+            function = getattr(cls, handler)
+            try:
+                inspect.signature(function).bind(None, None, None, None, None)
+            except TypeError:
+                raise ConfigurationError(
+                    f"{cls.__name__}.{handler} must take (self, payload, task, session, "
+                    "tenant_session) in multi-database mode"
+                ) from None
+            except ValueError:  # no signature (a builtin): let it fail at run time
+                pass
 
     def backoff(self, settings: Settings) -> LinearBackoff:
         """The retry rule: the class attributes, else the environment's values.
@@ -151,6 +238,22 @@ class WorkerBase(abc.ABC):
             if not any(value is choice for choice in allowed):
                 choices = " or ".join(str(choice) for choice in allowed)
                 raise ConfigurationError(f"{name}.{flag} must be {choices}, not {value!r}")
+        if not any(cls.multi_database is choice for choice in (True, False, None)):
+            raise ConfigurationError(
+                f"{name}.multi_database must be True or False or None, not {cls.multi_database!r}"
+            )
+        if cls.tenant_resolver is not None:
+            if not isinstance(cls.tenant_resolver, TenantResolver):
+                raise ConfigurationError(
+                    f"{name}.tenant_resolver must have a database_url(tenant) method "
+                    "(UrlTemplateResolver, MappingResolver, CredentialsApiResolver)"
+                )
+            if cls.multi_database is False:
+                raise ConfigurationError(
+                    f"{name} sets tenant_resolver but multi_database = False: drop one"
+                )
+        if cls.uses_tenants():
+            cls._check_tenant_handlers()
         cls.queue_model()
         # --- routing by process (h14-pubsub)
         from ..routing import check_processes

@@ -138,8 +138,12 @@ class WorkerPubSubBase(WorkerBase):
         result: str | None = getattr(self, name)(publication, subscription, task, session)
         return result
 
-    def execute_dead(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
-        """Run the ``@dead_subscriber`` method, else the default dead handler."""
+    def execute_dead(
+        self, payload: Any, task: TaskRecord, session: Session, tenant_session: Any = None
+    ) -> str | None:
+        """Run the ``@dead_subscriber`` method, else the default dead handler.
+        (``tenant_session`` only for the base signature: pub/sub workers do
+        not run in multi-database mode yet, check_configuration refuses it.)"""
         name = type(self).dead_subscriber_methods.get(task.subscriber_id or "")
         if name is None:
             return super().execute_dead(payload, task, session)
@@ -150,6 +154,10 @@ class WorkerPubSubBase(WorkerBase):
     # ----------------------------------------------------------- checks
     @classmethod
     def check_configuration(cls) -> None:
+        if cls.multi_database or cls.tenant_resolver is not None:
+            raise ConfigurationError(
+                f"{cls.__name__}: pub/sub workers in multi-database mode are not supported yet"
+            )
         super().check_configuration()
         cls.subscriber_table_model()
         for kind, registry in (

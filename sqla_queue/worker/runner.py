@@ -115,6 +115,8 @@ class Runner:
         self.burst = burst
         cls = type(worker)
         self.batch_size = 1 if cls.transaction_per_task else (batch_size or worker.batch_size)
+        # multi-database tenants: the engine cache, closed in run() (docs/tenants.md)
+        worker.open_tenants(self.settings, concurrency)
         self.lease = LeasePolicy(cls.lease_seconds)
         model = cls.queue_model()
         self.engine = engine or self._create_engine(url)
@@ -232,6 +234,7 @@ class Runner:
             if listener is not None:
                 listener.stop()
             restore()
+            self.worker.close_tenants()  # multi-database: dispose the tenant engines
         if self._errors:
             error = self._errors[0]
             if isinstance(error, DBAPIError):
