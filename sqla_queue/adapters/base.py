@@ -272,6 +272,11 @@ class Adapter:
             if column.nullable and column.default is None and column.server_default is None
         )
         self._direct_inserts: dict[tuple[Any, ...], _DirectInsert | None] = {}
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Compile the dialect's own statements, once; subclasses extend it
+        (calling super) instead of repeating the constructor."""
 
     # ------------------------------------------------------------ helpers
     def _ready(self) -> list[ColumnElement[bool]]:

@@ -33,7 +33,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import PROMOTE_CHUNK, Adapter, ClaimFilter
+from .base import PROMOTE_CHUNK, Adapter
 
 
 class MySQLAdapter(Adapter):
@@ -43,16 +43,9 @@ class MySQLAdapter(Adapter):
     #: SELECT ... FOR UPDATE SKIP LOCKED (MariaDB 10.6+, MySQL 8.0+)
     skip_locked: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        table: Any,
-        channel: str,
-        *,
-        task_locks: bool = True,
-        claim_filter: ClaimFilter | None = None,
-    ) -> None:
+    def _prepare(self) -> None:
+        super()._prepare()
         self._lock_prefixes: dict[str, str] = {}
-        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
         c = self.table.c
         self._select_ready = self._locking(
             select(self.table)

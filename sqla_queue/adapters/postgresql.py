@@ -50,7 +50,6 @@ from ..redaction import describe_error
 from .base import (
     PROMOTE_CHUNK,
     Adapter,
-    ClaimFilter,
     Listener,
     driver_cursor,
     statements_unobserved,
@@ -106,15 +105,8 @@ class PostgresAdapter(Adapter):
         sqlstate = getattr(getattr(exc, "orig", exc), "sqlstate", None)
         return sqlstate in self.TRANSIENT_SQLSTATES
 
-    def __init__(
-        self,
-        table: Any,
-        channel: str,
-        *,
-        task_locks: bool = True,
-        claim_filter: ClaimFilter | None = None,
-    ) -> None:
-        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
+    def _prepare(self) -> None:
+        super()._prepare()
         t = self.table
         c = t.c
         ready = (

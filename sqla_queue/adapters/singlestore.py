@@ -14,13 +14,10 @@ by the test suite (``test_conditional_claim_*``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import Connection, bindparam, select, update
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import ClaimFilter
 from .mysql import MySQLAdapter
 
 
@@ -29,15 +26,8 @@ class SingleStoreAdapter(MySQLAdapter):
     supports_task_locks = False
     skip_locked = False
 
-    def __init__(
-        self,
-        table: Any,
-        channel: str,
-        *,
-        task_locks: bool = True,
-        claim_filter: ClaimFilter | None = None,
-    ) -> None:
-        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
+    def _prepare(self) -> None:
+        super()._prepare()
         c = self.table.c
         self._candidates = (
             select(c.id)

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, bindparam, event, select, update
 
 from ..mixins import Status
 from ..records import TaskRecord
-from .base import Adapter, ClaimFilter
+from .base import Adapter
 
 BUSY_TIMEOUT_SECONDS = 30.0
 
@@ -50,15 +50,8 @@ def _use_wal(cursor: Any) -> None:
 class SQLiteAdapter(Adapter):
     family = "sqlite"
 
-    def __init__(
-        self,
-        table: Any,
-        channel: str,
-        *,
-        task_locks: bool = True,
-        claim_filter: ClaimFilter | None = None,
-    ) -> None:
-        super().__init__(table, channel, task_locks=task_locks, claim_filter=claim_filter)
+    def _prepare(self) -> None:
+        super()._prepare()
         c = self.table.c
         ready = (
             select(c.id)
