@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from .mixins import COLUMN_NAMES, LEASE_COLUMNS
 from .payload import decode_payload
@@ -22,8 +22,29 @@ SEED_COLUMNS = {
 _ATTRIBUTES = {column: attribute for attribute, column in SEED_COLUMNS.items()}
 
 
+class SeedColumns(Mapping[str, Any]):
+    """A read-only record that also reads as the seed's dict: by column name
+    (``record["tentativa"]``). Subclasses name their columns' attributes."""
+
+    __slots__ = ()
+    #: seed column name -> attribute name
+    seed_attributes: ClassVar[Mapping[str, str]]
+
+    def __getitem__(self, column: str) -> Any:
+        try:
+            return getattr(self, self.seed_attributes[column])
+        except KeyError:
+            raise KeyError(column) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.seed_attributes)
+
+    def __len__(self) -> int:
+        return len(self.seed_attributes)
+
+
 @dataclass(frozen=True, slots=True)
-class TaskRecord(Mapping[str, Any]):
+class TaskRecord(SeedColumns):
     """One attempt of a task, as claimed (``status`` is ``processando``)."""
 
     id: int
@@ -105,22 +126,12 @@ class TaskRecord(Mapping[str, Any]):
         """The id of the first attempt of this task."""
         return self.initial_id or self.id
 
-    # Mapping by seed column name, for code written against nsj-queue-lib
-    def __getitem__(self, column: str) -> Any:
-        try:
-            return getattr(self, _ATTRIBUTES[column])
-        except KeyError:
-            raise KeyError(column) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_ATTRIBUTES)
-
-    def __len__(self) -> int:
-        return len(_ATTRIBUTES)
-
     def as_dict(self) -> dict[str, Any]:
         """The seed's ``tarefa`` dict: seed column names to values."""
         return {column: self[column] for column in _ATTRIBUTES}
+
+
+TaskRecord.seed_attributes = _ATTRIBUTES
 
 
 _COLUMN_ORDER = [COLUMN_NAMES[f.name] for f in fields(TaskRecord) if f.name in COLUMN_NAMES]

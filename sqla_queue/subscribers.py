@@ -18,7 +18,7 @@ copied into a task's payload, never in :meth:`SubscriptionRecord.as_dict`.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,6 +26,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, Index, String, Table, event, t
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
 from .identifiers import derived_identifier, validate_identifier
+from .records import SeedColumns
 from .types import UtcDateTime, utc_now
 
 __all__ = ["SUBSCRIBER_COLUMN_NAMES", "SubscriberMixin", "SubscriptionRecord"]
@@ -104,7 +105,7 @@ def _aware(value: Any) -> dt.datetime | None:
 
 
 @dataclass(frozen=True, slots=True)
-class SubscriptionRecord(Mapping[str, Any]):
+class SubscriptionRecord(SeedColumns):
     """One subscription, read-only, as a pub/sub handler gets it.
 
     Attributes are the English names; ``record["ativo"]`` reads by seed
@@ -134,19 +135,10 @@ class SubscriptionRecord(Mapping[str, Any]):
         values["created_at"] = _aware(values.get("created_at"))
         return cls(**values)
 
-    def __getitem__(self, column: str) -> Any:
-        try:
-            return getattr(self, _ATTRIBUTES[column])
-        except KeyError:
-            raise KeyError(column) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_ATTRIBUTES)
-
-    def __len__(self) -> int:
-        return len(_ATTRIBUTES)
-
     def as_dict(self) -> dict[str, Any]:
         """The reference's subscription dict: seed column names to values,
         in the reference table's column order, without the signing secret."""
         return {column: self[column] for column in _ATTRIBUTES}
+
+
+SubscriptionRecord.seed_attributes = _ATTRIBUTES
