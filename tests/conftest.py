@@ -9,6 +9,7 @@ run instead of skipping it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, MetaData, create_engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import install, uninstall
@@ -114,16 +115,24 @@ def app(table_name: str) -> App:
     return build(table_name)
 
 
-@pytest.fixture
-def engine(db_url: str, app: App) -> Iterator[Engine]:
-    """An engine with the app's tables created (and dropped afterwards)."""
+@contextlib.contextmanager
+def created_engine(db_url: str, metadata: MetaData) -> Iterator[Engine]:
+    """An engine on ``db_url`` with ``metadata``'s tables created, dropped
+    (and the engine disposed) on the way out."""
     engine = create_engine(db_url)
-    app.Base.metadata.create_all(engine)
+    metadata.create_all(engine)
     try:
         yield engine
     finally:
-        app.Base.metadata.drop_all(engine)
+        metadata.drop_all(engine)
         engine.dispose()
+
+
+@pytest.fixture
+def engine(db_url: str, app: App) -> Iterator[Engine]:
+    """An engine with the app's tables created (and dropped afterwards)."""
+    with created_engine(db_url, app.Base.metadata) as engine:
+        yield engine
 
 
 @pytest.fixture

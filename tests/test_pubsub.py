@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, insert, select
+from sqlalchemy import Engine, func, insert, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import (
@@ -33,9 +33,10 @@ from sqla_queue.fanout import CHUNK_ROWS, NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESS
 from sqla_queue.payload import hash_payload
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
-from tests.conftest import wait_until
+from tests.conftest import created_engine, wait_until
 from tests.pubsub_app import PubSubApp, build
 from tests.test_concurrency import spawned
+from tests.test_worker import drain
 
 SECRET = "s3cr3t-never-copied"
 
@@ -47,17 +48,8 @@ def papp(table_name: str) -> PubSubApp:
 
 @pytest.fixture
 def pengine(db_url: str, papp: PubSubApp) -> Iterator[Engine]:
-    engine = create_engine(db_url)
-    papp.Base.metadata.create_all(engine)
-    try:
+    with created_engine(db_url, papp.Base.metadata) as engine:
         yield engine
-    finally:
-        papp.Base.metadata.drop_all(engine)
-        engine.dispose()
-
-
-def drain(worker: type[WorkerBase], engine: Engine) -> None:
-    assert worker().run(engine=engine, burst=True, settings=Settings()) == 0
 
 
 def add_subscribers(engine: Engine, papp: PubSubApp, *rows: dict[str, Any]) -> None:
