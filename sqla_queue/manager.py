@@ -53,7 +53,6 @@ logger = logging.getLogger("sqla_queue.manager")
 RETRY_SUFFIX = ". Tarefa reenfileirada."
 EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
 RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
-RESCUED_MESSAGE = RESCUED_ERROR + RETRY_SUFFIX
 
 Handler = Callable[[TaskRecord, Session], Any]
 

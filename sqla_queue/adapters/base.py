@@ -534,10 +534,6 @@ class Adapter:
             conn.execute(self._complete_custom, custom)
         return int(done)
 
-    def task_update(self, conn: Connection, *, task_id: int, values: Mapping[str, Any]) -> None:
-        """Set columns (seed names) of one row."""
-        conn.execute(update(self.table).where(self.table.c.id == task_id).values(**values))
-
     def task_update_claimed(
         self,
         conn: Connection,
