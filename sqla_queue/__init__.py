@@ -23,7 +23,14 @@ from .mixins import QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
 from .subscribers import SubscriberMixin, SubscriptionRecord
-from .worker import WorkerBase, WorkerPubSubBase, dead_subscriber, subscriber
+from .worker import (
+    SubscriberWebhook,
+    WorkerBase,
+    WorkerPubSubBase,
+    WorkerWebhook,
+    dead_subscriber,
+    subscriber,
+)
 
 __version__ = "0.1.0"
 
@@ -40,12 +47,14 @@ __all__ = [
     "Status",
     "SubscriberMixin",
     "SubscriberNotRegistered",
+    "SubscriberWebhook",
     "SubscriptionRecord",
     "TaskRecord",
     "UnpreparedTaskError",
     "UnsupportedOperationError",
     "WorkerBase",
     "WorkerPubSubBase",
+    "WorkerWebhook",
     "dead_subscriber",
     "install",
     "subscriber",

@@ -7,28 +7,45 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
 from .exceptions import SqlaQueueError, WorkerImportError
+from .mixins import QueueMixin
 from .settings import Settings
-from .worker import WorkerBase
+from .subscribers import SubscriberMixin
+from .worker import WorkerBase, WorkerWebhook
 
 
-def load_worker(spec: str) -> type[WorkerBase]:
-    """``package.module:ClassName`` -> the WorkerBase subclass."""
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise WorkerImportError(f"give the worker as module:Class, not {spec!r}")
+def _import(spec: str, what: str) -> Any:
+    """``package.module:Name`` -> the object, or a one-line error about ``what``."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise WorkerImportError(f"give the {what} as module:Class, not {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise WorkerImportError(f"cannot import {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
+    return getattr(module, name, None)
+
+
+def load_worker(spec: str) -> type[WorkerBase]:
+    """``package.module:ClassName`` -> the WorkerBase subclass."""
+    cls = _import(spec, "worker")
     if not (isinstance(cls, type) and issubclass(cls, WorkerBase)):
         raise WorkerImportError(f"{spec!r} is not a WorkerBase subclass")
+    return cls
+
+
+def load_model(spec: str, mixin: type, what: str) -> type:
+    """``package.module:Model`` -> a mapped model class using ``mixin``."""
+    cls = _import(spec, what)
+    if not (isinstance(cls, type) and issubclass(cls, mixin) and hasattr(cls, "__table__")):
+        raise WorkerImportError(f"{spec!r} is not a mapped {mixin.__name__} model")
     return cls
 
 
@@ -38,28 +55,68 @@ def main() -> None:
     """Transactional job queues inside your SQLAlchemy database."""
 
 
+def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every worker command takes."""
+    for option in reversed(
+        [
+            click.option(
+                "--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
+            ),
+            click.option(
+                "--concurrency",
+                default=1,
+                show_default=True,
+                type=click.IntRange(min=1),
+                help="lanes (threads) in this process",
+            ),
+            click.option(
+                "--burst", is_flag=True, help="exit 0 once no task is ready (pending and due)"
+            ),
+            click.option(
+                "--batch-size",
+                type=click.IntRange(min=1),
+                help="most tasks per transaction (1: one task per transaction)",
+            ),
+            click.option(
+                "--log-level",
+                default=None,
+                type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+                help="[default: INFO, DEBUG with LOG_DEBUG=true]",
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def _run_worker(
+    load: Callable[[], type[WorkerBase]],
+    url: str | None,
+    concurrency: int,
+    burst: bool,
+    batch_size: int | None,
+    log_level: str | None,
+) -> None:
+    try:
+        settings = Settings.from_env()
+        level = log_level or ("DEBUG" if settings.log_debug else "INFO")
+        logging.basicConfig(
+            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        cls = load()
+        # before cls(): an abstract class would raise a TypeError with a traceback
+        cls.check_configuration()
+        code = cls().run(
+            url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
+        )
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
+
+
 @main.command()
 @click.argument("worker")
-@click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
-@click.option(
-    "--concurrency",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="lanes (threads) in this process",
-)
-@click.option("--burst", is_flag=True, help="exit 0 once no task is ready (pending and due)")
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    help="most tasks per transaction (1: one task per transaction)",
-)
-@click.option(
-    "--log-level",
-    default=None,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    help="[default: INFO, DEBUG with LOG_DEBUG=true]",
-)
+@_worker_options
 def worker(
     worker: str,
     url: str | None,
@@ -69,21 +126,52 @@ def worker(
     log_level: str | None,
 ) -> None:
     """Run WORKER (module:Class, a WorkerBase subclass) until SIGTERM/SIGINT."""
-    try:
-        settings = Settings.from_env()
-        level = log_level or ("DEBUG" if settings.log_debug else "INFO")
-        logging.basicConfig(
-            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        cls = load_worker(worker)
-        # before cls(): an abstract class would raise a TypeError with a traceback
-        cls.check_configuration()
-        code = cls().run(
-            url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
-        )
-    except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
-    sys.exit(code)
+    _run_worker(lambda: load_worker(worker), url, concurrency, burst, batch_size, log_level)
+
+
+@main.command()
+@click.option("--model", "model", required=True, help="the queue: module:Task (a QueueMixin model)")
+@click.option(
+    "--subscriber-model",
+    "subscriber_model",
+    required=True,
+    help="its subscriptions: module:Subscriber (a SubscriberMixin model)",
+)
+@click.option(
+    "--process",
+    "processes",
+    multiple=True,
+    help="deliver only publications and copies of this processo (repeat for more) [default: all]",
+)
+@_worker_options
+def webhook(
+    model: str,
+    subscriber_model: str,
+    processes: tuple[str, ...],
+    url: str | None,
+    concurrency: int,
+    burst: bool,
+    batch_size: int | None,
+    log_level: str | None,
+) -> None:
+    """Deliver webhooks: fan out the publications of the queue in --model and
+    call each subscription's url with its copy, until SIGTERM/SIGINT.
+
+    No code to write: the subscriber table says where (url, http_method,
+    headers, signing_secret). DEFAULT_WEBHOOK_TIMEOUT (seconds, default 20)
+    bounds each call; WEBHOOK_BLOCK_PRIVATE_NETWORKS=true refuses private,
+    loopback and link-local destinations."""
+
+    def load() -> type[WorkerBase]:
+        attributes = {
+            "__module__": __name__,
+            "model": load_model(model, QueueMixin, "queue model"),
+            "subscriber_model": load_model(subscriber_model, SubscriberMixin, "subscriber model"),
+            "processes": frozenset(processes) or None,
+        }
+        return type("WorkerWebhook", (WorkerWebhook,), attributes)
+
+    _run_worker(load, url, concurrency, burst, batch_size, log_level)
 
 
 if __name__ == "__main__":  # pragma: no cover

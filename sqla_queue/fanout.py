@@ -17,7 +17,10 @@ Copies keep nsj-queue-lib's payload shape, so a mixed fleet keeps working::
 
 serialised by :mod:`sqla_queue.payload` (ensure_ascii, default separators)
 and hashed as every payload. The subscription never carries the signing
-secret. This module decides what the rows are; the adapter runs the SQL.
+secret, nor its headers' values (``"headers": null``): they may hold
+tokens, and a copy row lives in the queue table for as long as its
+retention; the webhook delivery reads them from the subscriber table. This
+module decides what the rows are; the adapter runs the SQL.
 """
 
 from __future__ import annotations
@@ -50,9 +53,8 @@ Handler = Callable[[TaskRecord, Session], Any]
 
 def copy_payload(publication: TaskRecord, subscription: SubscriptionRecord) -> str | None:
     """The reference's copy payload text (see the module docstring)."""
-    return serialize_payload(
-        {"publication": publication.payload_text, "subscription": subscription.as_dict()}
-    )
+    shown = {**subscription.as_dict(), "headers": None}  # no token in a queue row
+    return serialize_payload({"publication": publication.payload_text, "subscription": shown})
 
 
 class FanOut:

@@ -45,6 +45,7 @@ from .types import utcnow
 if TYPE_CHECKING:
     from .fanout import FanOut
     from .leases import Claims, LeasePolicy
+    from .worker.webhook import WebhookStage
 
 __all__ = ["BatchResult", "ClaimLost", "ConnectionLost", "Handler", "TaskManager"]
 
@@ -97,11 +98,15 @@ class TaskManager:
         claims: Claims,
         lease: LeasePolicy,
         fanout: FanOut | None = None,
+        stage: WebhookStage | None = None,
     ) -> None:
         self.adapter = adapter
         #: runs claimed publications (pub_sub, not dead) instead of the
         #: handler, in the same savepoint and batch transaction (fanout.py)
         self.fanout = fanout
+        #: makes a batch's webhook calls before its transaction opens, and
+        #: answers for those copies inside it (worker/webhook.py)
+        self.stage = stage
         self.backoff = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
@@ -136,18 +141,29 @@ class TaskManager:
         """Run claimed ``tasks`` in one transaction and record every outcome.
 
         When ``should_stop()`` turns true, the tasks not yet started go back
-        to ``pendente`` in the same commit."""
+        to ``pendente`` in the same commit. A batch whose webhook calls were
+        made (before its transaction: see ``stage``) records every outcome
+        instead: a call made is never handed back to be made again."""
         started = time.perf_counter()
         ids = [task.id for task in tasks]
+        called = False
+        if self.stage is not None:
+            handler = self.stage.wrap(handler)
         if self.fanout is not None:
             handler = self.fanout.wrap(handler)
         try:
+            if self.stage is not None and self.stage.prepare(work_conn, tasks):
+                called, should_stop = True, _never
             try:
                 result = self._run_together(work_conn, tasks, handler, should_stop)
             except ClaimLost:
-                # nothing of the batch committed; the tasks still ours run again
-                self._hand_back_after_rollback(work_conn, ids)
-                result = BatchResult(handed_back=ids)
+                if called and len(tasks) > 1:
+                    # record the outcomes of the tasks still ours, one by one
+                    result = self._run_alone(work_conn, tasks, handler, should_stop, None)
+                else:
+                    # nothing of the batch committed; the tasks still ours run again
+                    self._hand_back_after_rollback(work_conn, ids)
+                    result = BatchResult(handed_back=ids)
             except DBAPIError as exc:
                 if self._retryable(exc):
                     raise
@@ -168,6 +184,8 @@ class TaskManager:
             # must not claim a task whose outcome is not yet committed
             self.claims.discard(ids)
             self._release(claim_conn, ids)
+            if self.stage is not None:
+                self.stage.forget(ids)
         if result.handed_back and self.adapter.supports_notify:
             with claim_conn.begin():
                 self.adapter.notify(claim_conn)
@@ -217,12 +235,13 @@ class TaskManager:
         tasks: Sequence[TaskRecord],
         handler: Handler,
         should_stop: Callable[[], bool],
-        error: DBAPIError,
+        error: DBAPIError | None,
     ) -> BatchResult:
         """Run each task of a batch that failed as a whole in a transaction
         of its own; the one whose commit fails again gets the failure (a
         retry or its dead-letter run), as a handler's exception would.
-        A single task is not run again: its failure is known already."""
+        A single task is not run again: its failure (``error``) is known
+        already; with ``error`` None (a batch that lost a claim) it is."""
         result = BatchResult()
         for index, task in enumerate(tasks):
             if index and should_stop():
@@ -232,9 +251,9 @@ class TaskManager:
                         work_conn, ids=result.handed_back, owner=self.owner
                     )
                 break
-            if len(tasks) > 1:
+            if len(tasks) > 1 or error is None:
                 try:
-                    one = self._run_together(work_conn, [task], handler, lambda: False)
+                    one = self._run_together(work_conn, [task], handler, _never)
                 except ClaimLost:
                     continue  # rescued meanwhile: another worker has it now
                 except DBAPIError as exc:
@@ -245,6 +264,7 @@ class TaskManager:
                     result.succeeded += one.succeeded
                     result.failed += one.failed
                     continue
+            assert error is not None  # set by the failed run above
             message = describe_error(error)
             with work_conn.begin():
                 recorded = self.record_failure(work_conn, task, message)
@@ -280,10 +300,13 @@ class TaskManager:
             error = describe_error(exc)
             if self.record_failure(conn, task, error):
                 logger.warning(
-                    "%s failed: %s\n%s",
+                    "%s failed: %s%s",
                     task_label(task),
                     fit_message(error, MESSAGE_MAX_LENGTH),
-                    redact(describe_traceback(exc)),
+                    # an expected failure (a webhook's answer) needs no frames
+                    "\n" + redact(describe_traceback(exc))
+                    if getattr(exc, "log_traceback", True)
+                    else "",
                 )
             return _FAILED
         finally:
@@ -475,6 +498,10 @@ class TaskManager:
 
 
 _FAILED: Any = object()
+
+
+def _never() -> bool:
+    return False
 
 
 def _connection_lost(conn: Connection, exc: BaseException) -> bool:

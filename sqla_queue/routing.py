@@ -51,4 +51,9 @@ def claim_filter_of(worker_class: type) -> ClaimFilter | None:
     subscriber_ids = frozenset(routed()) if callable(routed) else None
     if processes is None and subscriber_ids is None:
         return None
-    return ClaimFilter(processes=processes, subscriber_ids=subscriber_ids)
+    return ClaimFilter(
+        processes=processes,
+        subscriber_ids=subscriber_ids,
+        # the webhook worker: the copies of every subscription
+        all_subscribers=bool(getattr(worker_class, "delivers_every_subscription", False)),
+    )

@@ -35,7 +35,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from sqla_queue import ConfigurationError, WorkerBase
+from sqla_queue import (
+    ConfigurationError,
+    QueueClient,
+    WorkerBase,
+    WorkerPubSubBase,
+    dead_subscriber,
+    subscriber,
+)
 from sqla_queue.settings import Settings, TenantSettings, normalize_url
 from sqla_queue.tenants import (
     CredentialsApiResolver,
@@ -48,6 +55,7 @@ from sqla_queue.tenants import (
 from sqla_queue.worker import Runner
 from tests.app import App
 from tests.conftest import run_cli, server_url
+from tests.pubsub_app import build as build_pubsub
 from tests.test_worker import drain, enqueue, tasks
 
 TENANTS = (47, 48)
@@ -684,3 +692,85 @@ def test_the_command_refuses_a_bad_multi_database_environment(tmp_path: Path) ->
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert message in proc.stderr
         assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- pub/sub
+def test_pubsub_copies_write_to_their_tenants_database(pg_tenants: Tenants) -> None:
+    """A pub/sub worker in multi-database mode: each copy's handler gets the
+    tenant's session after the queue's; a failing one rolls its tenant writes
+    back and reaches its dead handler alone."""
+    papp = build_pubsub(f"fila_{uuid.uuid4().hex[:10]}")
+    papp.Base.metadata.create_all(pg_tenants.queue)
+    try:
+
+        class Tenanted(WorkerPubSubBase):
+            model = papp.Task
+            subscriber_model = papp.Subscriber
+            tenant_resolver = UrlTemplateResolver(pg_tenants.template)
+            max_retry = 2
+            retry_interval_minutes = 0
+
+            @subscriber("book")
+            def book(
+                self,
+                payload: Any,
+                subscription: Any,
+                task: Any,
+                session: Session,
+                tenant_session: Session,
+            ) -> str:
+                insert_once(
+                    tenant_session,
+                    chain_id=task.chain_id,
+                    tenant=task.tenant,
+                    note=f"{subscription.id}:{payload['n']}",
+                )
+                return "booked"
+
+            @subscriber("broken")
+            def broken(
+                self,
+                payload: Any,
+                subscription: Any,
+                task: Any,
+                session: Session,
+                tenant_session: Session,
+            ) -> None:
+                insert_once(
+                    tenant_session, chain_id=task.chain_id, tenant=task.tenant, note="must vanish"
+                )
+                tenant_session.flush()
+                raise RuntimeError("broken on purpose")
+
+            @dead_subscriber("broken")
+            def broken_dead(
+                self,
+                payload: Any,
+                subscription: Any,
+                task: Any,
+                session: Session,
+                tenant_session: Session,
+            ) -> str:
+                return f"dead in tenant {task.tenant}"
+
+        with Session(pg_tenants.queue) as session, session.begin():
+            session.add_all(papp.Subscriber(id=sid, process="pedido") for sid in ("book", "broken"))
+        with pg_tenants.queue.begin() as conn:
+            client = QueueClient(conn, papp.Task)
+            for n, tenant in enumerate((47, 48)):
+                client.insert_task_pub_sub(process="pedido", payload={"n": n}, tenant=tenant)
+        drain(Tenanted, pg_tenants.queue)
+
+        with Session(pg_tenants.queue) as session:
+            found = list(session.scalars(select(papp.Task).order_by(papp.Task.id)))
+        books = {t.tenant: t for t in found if t.subscriber_id == "book"}
+        assert {t: (b.status, b.message) for t, b in books.items()} == {
+            47: ("sucesso", "booked"),
+            48: ("sucesso", "booked"),
+        }
+        dead = sorted(t.message for t in found if t.subscriber_id == "broken" and t.dead)
+        assert dead == ["dead in tenant 47", "dead in tenant 48"]
+        assert ledger(pg_tenants.urls[47]) == [(books[47].id, 47, "book:0")]
+        assert ledger(pg_tenants.urls[48]) == [(books[48].id, 48, "book:1")]
+    finally:
+        papp.Base.metadata.drop_all(pg_tenants.queue)

@@ -67,20 +67,28 @@ class ClaimFilter:
     ``processes``: only rows whose ``processo`` is one of these (None: any).
     ``subscriber_ids``: None for a plain filter; a set (maybe empty) makes
     it a pub/sub filter: rows with ``pub_sub`` true (of ``processes``, when
-    given) or whose ``subscriber_id`` is one of these, and nothing else."""
+    given) or whose ``subscriber_id`` is one of these, and nothing else.
+    ``all_subscribers``: a pub/sub filter that takes the copies of every
+    subscription (of ``processes``, when given): the webhook worker's."""
 
     processes: frozenset[str] | None = None
     subscriber_ids: frozenset[str] | None = None
+    all_subscribers: bool = False
 
     def predicate(self, table: Table) -> ColumnElement[bool] | None:
         """The WHERE condition, or None when every row qualifies."""
         c = table.c
         by_process = None if self.processes is None else c.processo.in_(sorted(self.processes))
-        if self.subscriber_ids is None:
+        if self.subscriber_ids is None and not self.all_subscribers:
             return by_process
         publications = c.pub_sub == true()
         if by_process is not None:
             publications = and_(publications, by_process)
+        if self.all_subscribers:
+            copies: ColumnElement[bool] = c.subscriber_id.is_not(None)
+            if by_process is not None:
+                copies = and_(copies, by_process)
+            return or_(publications, copies)
         if not self.subscriber_ids:
             return publications
         return or_(publications, c.subscriber_id.in_(sorted(self.subscriber_ids)))

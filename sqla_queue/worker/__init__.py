@@ -5,5 +5,14 @@ from __future__ import annotations
 from .base import WorkerBase
 from .pubsub import WorkerPubSubBase, dead_subscriber, subscriber
 from .runner import Runner
+from .webhook import SubscriberWebhook, WorkerWebhook
 
-__all__ = ["Runner", "WorkerBase", "WorkerPubSubBase", "dead_subscriber", "subscriber"]
+__all__ = [
+    "Runner",
+    "SubscriberWebhook",
+    "WorkerBase",
+    "WorkerPubSubBase",
+    "WorkerWebhook",
+    "dead_subscriber",
+    "subscriber",
+]

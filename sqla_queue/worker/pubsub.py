@@ -85,6 +85,11 @@ class WorkerPubSubBase(WorkerBase):
     #: subscriber id -> method name, built for each class at its creation
     subscriber_methods: ClassVar[Mapping[str, str]] = MappingProxyType({})
     dead_subscriber_methods: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: subscription ids whose copies are delivered by HTTP to the
+    #: subscription's url (the seed's ``SubscriberWebhook``; worker/webhook.py)
+    webhook_subscribers: ClassVar[frozenset[str] | set[str]] = frozenset()
+    #: most webhook calls of one batch in flight at once
+    webhook_concurrency: ClassVar[int] = 8
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -111,7 +116,11 @@ class WorkerPubSubBase(WorkerBase):
     @classmethod
     def routed_subscriber_ids(cls) -> frozenset[str]:
         """The subscriber ids whose copies this class claims (routing.py)."""
-        return frozenset(cls.subscriber_methods) | frozenset(cls.dead_subscriber_methods)
+        return (
+            frozenset(cls.subscriber_methods)
+            | frozenset(cls.dead_subscriber_methods)
+            | frozenset(cls.webhook_subscribers or ())
+        )
 
     # ----------------------------------------------------------- dispatch
     @staticmethod
@@ -125,8 +134,11 @@ class WorkerPubSubBase(WorkerBase):
         decoded = decode_payload(publication) if isinstance(publication, str) else publication
         return decoded, SubscriptionRecord.from_mapping(payload["subscription"])
 
-    def execute(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
-        """Run the ``@subscriber`` method of the copy's subscription."""
+    def execute(
+        self, payload: Any, task: TaskRecord, session: Session, tenant_session: Any = None
+    ) -> str | None:
+        """Run the ``@subscriber`` method of the copy's subscription (with
+        ``tenant_session`` after ``session`` in multi-database mode)."""
         cls = type(self)
         name = cls.subscriber_methods.get(task.subscriber_id or "")
         if name is None:
@@ -134,32 +146,31 @@ class WorkerPubSubBase(WorkerBase):
                 f"no @subscriber({task.subscriber_id!r}) method in {cls.__module__}."
                 f"{cls.__qualname__}: the copy fails and is retried"
             )
-        publication, subscription = self._unpack(payload, task)
-        result: str | None = getattr(self, name)(publication, subscription, task, session)
-        return result
+        return self._call(name, payload, task, session, tenant_session)
 
     def execute_dead(
         self, payload: Any, task: TaskRecord, session: Session, tenant_session: Any = None
     ) -> str | None:
-        """Run the ``@dead_subscriber`` method, else the default dead handler.
-        (``tenant_session`` only for the base signature: pub/sub workers do
-        not run in multi-database mode yet, check_configuration refuses it.)"""
+        """Run the ``@dead_subscriber`` method, else the default dead handler."""
         name = type(self).dead_subscriber_methods.get(task.subscriber_id or "")
         if name is None:
-            return super().execute_dead(payload, task, session)
+            return super().execute_dead(payload, task, session, tenant_session)
+        return self._call(name, payload, task, session, tenant_session)
+
+    def _call(
+        self, name: str, payload: Any, task: TaskRecord, session: Session, tenant_session: Any
+    ) -> str | None:
         publication, subscription = self._unpack(payload, task)
-        result: str | None = getattr(self, name)(publication, subscription, task, session)
+        method = getattr(self, name)
+        if tenant_session is None:
+            result: str | None = method(publication, subscription, task, session)
+        else:
+            result = method(publication, subscription, task, session, tenant_session)
         return result
 
     # ----------------------------------------------------------- checks
     @classmethod
     def check_configuration(cls) -> None:
-        if cls.multi_database or cls.tenant_resolver is not None:
-            raise ConfigurationError(
-                f"{cls.__name__}: pub/sub workers in multi-database mode are not supported yet"
-            )
-        super().check_configuration()
-        cls.subscriber_table_model()
         for kind, registry in (
             ("subscriber", cls.subscriber_methods),
             ("dead_subscriber", cls.dead_subscriber_methods),
@@ -173,6 +184,47 @@ class WorkerPubSubBase(WorkerBase):
                         f"{cls.__name__}.{name} (@{kind}({subscriber_id!r})) is a coroutine "
                         "function; async handlers are not supported yet, define it with def"
                     )
+        super().check_configuration()
+        cls.subscriber_table_model()
+        name = cls.__name__
+        webhooks = cls.webhook_subscribers
+        if not isinstance(webhooks, (set, frozenset)) or not all(
+            isinstance(i, str) and 0 < len(i) <= 100 for i in webhooks
+        ):
+            raise ConfigurationError(
+                f"{name}.webhook_subscribers must be a set of subscription ids (non-empty "
+                f"strings of at most 100 characters), not {webhooks!r}"
+            )
+        both = sorted(frozenset(webhooks) & frozenset(cls.subscriber_methods))
+        if both:
+            raise ConfigurationError(
+                f"{name}: subscription {both[0]!r} has a @subscriber method and is in "
+                "webhook_subscribers: pick one"
+            )
+        if (
+            isinstance(cls.webhook_concurrency, bool)
+            or not isinstance(cls.webhook_concurrency, int)
+            or not 1 <= cls.webhook_concurrency <= 256
+        ):
+            raise ConfigurationError(
+                f"{name}.webhook_concurrency must be a whole number from 1 to 256, "
+                f"not {cls.webhook_concurrency!r}"
+            )
+
+    @classmethod
+    def _check_tenant_handlers(cls) -> None:
+        super()._check_tenant_handlers()
+        for registry in (cls.subscriber_methods, cls.dead_subscriber_methods):
+            for name in registry.values():
+                try:
+                    inspect.signature(getattr(cls, name)).bind(*(None,) * 6)
+                except TypeError:
+                    raise ConfigurationError(
+                        f"{cls.__name__}.{name} must take (self, payload, subscription, task, "
+                        "session, tenant_session) in multi-database mode"
+                    ) from None
+                except ValueError:  # no signature (a builtin): let it fail at run time
+                    pass
 
     @classmethod
     def subscriber_table_model(cls) -> type[SubscriberMixin]:

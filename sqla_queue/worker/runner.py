@@ -65,6 +65,7 @@ from ..settings import Settings, engine_options, normalize_url
 from ..subscribers import SubscriberMixin
 from ..types import dialect_family, utcnow
 from .base import WorkerBase
+from .webhook import WebhookStage, webhook_subscribers_of
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -133,13 +134,16 @@ class Runner:
         self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()
         self.claims = Claims(self.worker_id)
-        self.fanout = FanOut(self.adapter, _subscriber_table(cls), worker_name=cls.__name__)
+        subscriber_table = _subscriber_table(cls)
+        self.fanout = FanOut(self.adapter, subscriber_table, worker_name=cls.__name__)
+        self.stage = _webhook_stage(cls, subscriber_table)
         self.manager = TaskManager(
             self.adapter,
             worker.backoff(self.settings),
             claims=self.claims,
             lease=self.lease,
             fanout=self.fanout,
+            stage=self.stage,
         )
         self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
         self.stopping = threading.Event()
@@ -235,6 +239,8 @@ class Runner:
                 listener.stop()
             restore()
             self.worker.close_tenants()  # multi-database: dispose the tenant engines
+            if self.stage is not None:
+                self.stage.close()
         if self._errors:
             error = self._errors[0]
             if isinstance(error, DBAPIError):
@@ -390,6 +396,16 @@ class Runner:
         self._rescue_at = now + self.lease.rescue_every_seconds
         with self.adapter.connect_maintenance(self.engine) as conn:
             self.manager.rescue(conn)
+
+
+def _webhook_stage(cls: type[WorkerBase], subscriber_table: Any) -> WebhookStage | None:
+    """The webhook delivery of a worker class that hands copies to it."""
+    if subscriber_table is None:
+        return None
+    ids = webhook_subscribers_of(cls)
+    if ids is not None and not ids:
+        return None
+    return WebhookStage(subscriber_table, ids, concurrency=getattr(cls, "webhook_concurrency", 8))
 
 
 def _subscriber_table(cls: type[WorkerBase]) -> Any:
