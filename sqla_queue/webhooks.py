@@ -432,6 +432,12 @@ def _headers(raw: Mapping[str, Any] | None) -> dict[str, str]:
         if any(c in text for c in "\r\n\0"):
             # the value is never shown: it may be the token
             raise _Refused(f"the value of header {name} holds a line break")
+        try:
+            text.encode("latin-1")  # what HTTP/1.1 header values are made of
+        except UnicodeEncodeError:
+            raise _Refused(
+                f"the value of header {name} holds a character outside Latin-1"
+            ) from None
         headers[name] = text
     return headers
 

@@ -49,10 +49,6 @@ def subscribe(engine: Engine, papp: PubSubApp, *subscriptions: dict[str, Any]) -
         session.add_all(papp.Subscriber(**row) for row in subscriptions)
 
 
-def _url(server: _Server, path: str) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}{path}"
-
-
 def _env(papp: PubSubApp, **extra: str) -> dict[str, str]:
     return {
         "SQLA_QUEUE_TEST_TABLE": papp.Task.__tablename__,
@@ -93,24 +89,24 @@ def test_webhook_worker_delivers_each_subscription(
         {
             "id": "ok",
             "process": "evento",
-            "url": _url(server, "/echo"),
+            "url": server.url("/echo"),
             "headers": headers,
             "signing_secret": SIGNING_SECRET,
         },
-        {"id": "put", "process": "evento", "url": _url(server, "/echo/201"), "http_method": "PUT"},
-        {"id": "get", "process": "evento", "url": _url(server, "/echo"), "http_method": "get"},
-        {"id": "e404", "process": "evento", "url": _url(server, "/status/404")},
-        {"id": "e503", "process": "evento", "url": _url(server, "/status/503")},
-        {"id": "slow", "process": "evento", "url": _url(server, "/slow")},
+        {"id": "put", "process": "evento", "url": server.url("/echo/201"), "http_method": "PUT"},
+        {"id": "get", "process": "evento", "url": server.url("/echo"), "http_method": "get"},
+        {"id": "e404", "process": "evento", "url": server.url("/status/404")},
+        {"id": "e503", "process": "evento", "url": server.url("/status/503")},
+        {"id": "slow", "process": "evento", "url": server.url("/slow")},
         {"id": "refused", "process": "evento", "url": f"http://127.0.0.1:{_closed_port()}/"},
         {
             "id": "away",
             "process": "evento",
-            "url": _url(server, "/redirect?to=" + _url(other_server, "/echo")),
+            "url": server.url("/redirect?to=" + other_server.url("/echo")),
             "headers": headers,
         },
-        {"id": "huge", "process": "evento", "url": _url(server, "/huge")},
-        {"id": "off", "process": "evento", "url": _url(server, "/echo"), "active": False},
+        {"id": "huge", "process": "evento", "url": server.url("/huge")},
+        {"id": "off", "process": "evento", "url": server.url("/echo"), "active": False},
     )
     pub_id = publish(pengine, papp, {"pedido": 42, "texto": "ação"}, process="evento")
 
@@ -180,7 +176,7 @@ def test_no_transaction_is_open_while_a_call_is_in_flight(papp: PubSubApp, serve
 def _check_no_transaction_during_call(
     db_url: str, pengine: Engine, papp: PubSubApp, server: _Server
 ) -> None:
-    subscribe(pengine, papp, {"id": "held", "process": "evento", "url": _url(server, "/slow")})
+    subscribe(pengine, papp, {"id": "held", "process": "evento", "url": server.url("/slow")})
     publish(pengine, papp, {"n": 1}, process="evento")
     name = f"sqlaq-{uuid.uuid4().hex[:8]}"
     worker = spawn_cli(
@@ -224,7 +220,7 @@ def test_pubsub_worker_hands_its_webhook_subscriptions_to_the_delivery(
         pengine,
         papp,
         {"id": "ok", "process": "pedido"},
-        {"id": "hook", "process": "pedido", "url": _url(server, "/echo/202")},
+        {"id": "hook", "process": "pedido", "url": server.url("/echo/202")},
     )
     base: Any = papp.PubSubWorker
 

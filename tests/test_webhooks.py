@@ -330,6 +330,14 @@ def test_a_header_value_with_a_line_break_fails_without_showing_it(server, clien
     assert TOKEN not in result.message and server.received == []
 
 
+def test_a_header_value_outside_latin1_fails_without_showing_it(server, client):
+    delivery = _delivery(server.url("/echo"), headers={"Authorization": "Bearer tok…en"})
+    result = client.deliver(delivery)
+    assert not result.ok and not server.received
+    assert "header Authorization holds a character outside Latin-1" in result.message
+    assert "tok" not in result.message
+
+
 def test_no_cookie_is_kept_between_deliveries(server, client):
     assert client.deliver(_delivery(server.url("/cookie"))).ok
     assert client.deliver(_delivery(server.url("/echo"))).ok
