@@ -10,6 +10,12 @@ deliveries of a small JSON payload through ``deliver_many``, with
 concurrency 1 and 8; the median of ``--reps`` runs, after a warm-up.
 The server shares the machine (and Python's GIL-bound http.server), so the
 numbers are a floor for the client, not a ceiling.
+
+With ``--worker URL`` it also measures the whole webhook worker on that
+database: one publication fanned out to ``--n`` subscriptions that all
+point at the server, delivered by ``WorkerWebhook`` in burst mode (claim,
+subscription read, calls outside the transaction, recorded outcomes),
+with 1 and 2 lanes.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument(
+        "--worker", metavar="URL", help="also run the webhook worker on this database"
+    )
     args = parser.parse_args()
     DELAY = args.delay
 
@@ -90,8 +99,70 @@ def main() -> None:
                 assert all(r.ok for r in results), next(r for r in results if not r.ok)
                 rates.append(args.n / elapsed)
         print(f"  concurrency {concurrency}: {statistics.median(rates):8.0f} deliveries/s")
+    if args.worker:
+        for lanes in (1, 2):
+            rates = [worker_rate(args.worker, url, args.n, lanes) for _ in range(args.reps)]
+            print(
+                f"  worker, {lanes} lane(s), {args.worker.split(':')[0]}: "
+                f"{statistics.median(rates):8.0f} deliveries/s (end to end)"
+            )
     server.shutdown()
     server.server_close()
+
+
+def worker_rate(db_url: str, hook_url: str, n: int, lanes: int) -> float:
+    """Deliveries per second of WorkerWebhook for one publication to ``n``
+    subscriptions, fan-out included."""
+    import uuid
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import DeclarativeBase, Session
+
+    from sqla_queue import QueueClient, QueueMixin, SubscriberMixin, WorkerWebhook
+    from sqla_queue.settings import Settings
+
+    table = f"bench_hook_{uuid.uuid4().hex[:8]}"
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = table
+
+    class Subscriber(SubscriberMixin, Base):
+        __tablename__ = f"{table}_sub"
+
+    class Hooks(WorkerWebhook):
+        model = Task
+        subscriber_model = Subscriber
+
+    engine = create_engine(db_url)
+    Base.metadata.create_all(engine)
+    try:
+        with Session(engine) as session, session.begin():
+            session.add_all(
+                Subscriber(id=f"s{i}", process="evento", url=hook_url) for i in range(n)
+            )
+        with engine.begin() as conn:
+            QueueClient(conn, Task).insert_task_pub_sub(
+                process="evento", payload={"order": 1234, "status": "paid"}
+            )
+        started = time.perf_counter()
+        Hooks().run(engine=engine, burst=True, concurrency=lanes, settings=Settings())
+        elapsed = time.perf_counter() - started
+        with engine.connect() as conn:
+            from sqlalchemy import func, select
+
+            done = conn.execute(
+                select(func.count()).where(
+                    Task.status == "sucesso", Task.subscriber_id.is_not(None)
+                )
+            ).scalar_one()
+        assert done == n, f"{done} of {n} delivered"
+        return n / elapsed
+    finally:
+        Base.metadata.drop_all(engine)
+        engine.dispose()
 
 
 if __name__ == "__main__":
