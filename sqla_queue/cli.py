@@ -91,12 +91,15 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def _run_worker(
     load: Callable[[], type[WorkerBase]],
+    *,
     url: str | None,
     concurrency: int,
     burst: bool,
     batch_size: int | None,
     log_level: str | None,
 ) -> None:
+    """Load the worker class, check it, and run it (the options of
+    :func:`_worker_options`); exits with its status."""
     try:
         settings = Settings.from_env()
         level = log_level or ("DEBUG" if settings.log_debug else "INFO")
@@ -117,16 +120,9 @@ def _run_worker(
 @main.command()
 @click.argument("worker")
 @_worker_options
-def worker(
-    worker: str,
-    url: str | None,
-    concurrency: int,
-    burst: bool,
-    batch_size: int | None,
-    log_level: str | None,
-) -> None:
+def worker(worker: str, **options: Any) -> None:
     """Run WORKER (module:Class, a WorkerBase subclass) until SIGTERM/SIGINT."""
-    _run_worker(lambda: load_worker(worker), url, concurrency, burst, batch_size, log_level)
+    _run_worker(lambda: load_worker(worker), **options)
 
 
 @main.command()
@@ -144,16 +140,7 @@ def worker(
     help="deliver only publications and copies of this processo (repeat for more) [default: all]",
 )
 @_worker_options
-def webhook(
-    model: str,
-    subscriber_model: str,
-    processes: tuple[str, ...],
-    url: str | None,
-    concurrency: int,
-    burst: bool,
-    batch_size: int | None,
-    log_level: str | None,
-) -> None:
+def webhook(model: str, subscriber_model: str, processes: tuple[str, ...], **options: Any) -> None:
     """Deliver webhooks: fan out the publications of the queue in --model and
     call each subscription's url with its copy, until SIGTERM/SIGINT.
 
@@ -171,7 +158,7 @@ def webhook(
         }
         return type("WorkerWebhook", (WorkerWebhook,), attributes)
 
-    _run_worker(load, url, concurrency, burst, batch_size, log_level)
+    _run_worker(load, **options)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -136,6 +136,37 @@ def engine(db_url: str, app: App) -> Iterator[Engine]:
 
 
 @pytest.fixture
+def papp(table_name: str) -> Any:
+    """A pub/sub application (tests/pubsub_app.py) on a fresh table name."""
+    from tests.pubsub_app import build as build_pubsub
+
+    return build_pubsub(table_name)
+
+
+@pytest.fixture
+def pengine(db_url: str, papp: Any) -> Iterator[Engine]:
+    """An engine with the pub/sub app's tables created (and dropped afterwards)."""
+    with created_engine(db_url, papp.Base.metadata) as engine:
+        yield engine
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A real HTTP server on 127.0.0.1 (tests/test_webhooks.py says what it answers)."""
+    from tests.test_webhooks import _start
+
+    yield from _start()
+
+
+@pytest.fixture
+def other_server() -> Iterator[Any]:
+    """A second one: another origin."""
+    from tests.test_webhooks import _start
+
+    yield from _start()
+
+
+@pytest.fixture
 def installed() -> Iterator[None]:
     install(Session)
     try:

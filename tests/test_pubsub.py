@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +32,12 @@ from sqla_queue.fanout import CHUNK_ROWS, NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESS
 from sqla_queue.payload import hash_payload
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
-from tests.conftest import created_engine, wait_until
+from tests.conftest import wait_until
 from tests.pubsub_app import PubSubApp, build
 from tests.test_concurrency import spawned
 from tests.test_worker import drain
 
 SECRET = "s3cr3t-never-copied"
-
-
-@pytest.fixture
-def papp(table_name: str) -> PubSubApp:
-    return build(table_name)
-
-
-@pytest.fixture
-def pengine(db_url: str, papp: PubSubApp) -> Iterator[Engine]:
-    with created_engine(db_url, papp.Base.metadata) as engine:
-        yield engine
 
 
 def add_subscribers(engine: Engine, papp: PubSubApp, *rows: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,31 +16,10 @@ from standardwebhooks.webhooks import Webhook
 
 from sqla_queue import SubscriberWebhook, WorkerPubSubBase, WorkerWebhook
 from tests.conftest import created_engine, run_cli, server_url, spawn_cli, wait_until
-from tests.pubsub_app import PubSubApp, build
+from tests.pubsub_app import PubSubApp
 from tests.test_pubsub import publish, rows
-from tests.test_webhooks import SIGNING_SECRET, TOKEN, _closed_port, _Server, _start
+from tests.test_webhooks import SIGNING_SECRET, TOKEN, _closed_port, _Server
 from tests.test_worker import drain
-
-
-@pytest.fixture
-def papp(table_name: str) -> PubSubApp:
-    return build(table_name)
-
-
-@pytest.fixture
-def pengine(db_url: str, papp: PubSubApp) -> Iterator[Engine]:
-    with created_engine(db_url, papp.Base.metadata) as engine:
-        yield engine
-
-
-@pytest.fixture
-def server() -> Iterator[_Server]:
-    yield from _start()
-
-
-@pytest.fixture
-def other_server() -> Iterator[_Server]:
-    yield from _start()
 
 
 def subscribe(engine: Engine, papp: PubSubApp, *subscriptions: dict[str, Any]) -> None:

@@ -161,16 +161,6 @@ def _start() -> Iterator[_Server]:
 
 
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    yield from _start()
-
-
-@pytest.fixture
-def other_server() -> Iterator[_Server]:
-    yield from _start()
-
-
-@pytest.fixture
 def client() -> Iterator[WebhookClient]:
     with WebhookClient(timeout=5) as webhook_client:
         yield webhook_client

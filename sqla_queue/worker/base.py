@@ -167,16 +167,21 @@ class WorkerBase(abc.ABC):
     @classmethod
     def _check_tenant_handlers(cls) -> None:
         for handler in ("execute", "execute_dead"):
-            function = getattr(cls, handler)
-            try:
-                inspect.signature(function).bind(None, None, None, None, None)
-            except TypeError:
-                raise ConfigurationError(
-                    f"{cls.__name__}.{handler} must take (self, payload, task, session, "
-                    "tenant_session) in multi-database mode"
-                ) from None
-            except ValueError:  # no signature (a builtin): let it fail at run time
-                pass
+            cls._require_arguments(handler, "(self, payload, task, session, tenant_session)")
+
+    @classmethod
+    def _require_arguments(cls, method: str, signature: str) -> None:
+        """Refuse ``method`` unless it can be called with ``signature``'s
+        arguments (counted, self included) in multi-database mode."""
+        count = signature.count(",") + 1
+        try:
+            inspect.signature(getattr(cls, method)).bind(*(None,) * count)
+        except TypeError:
+            raise ConfigurationError(
+                f"{cls.__name__}.{method} must take {signature} in multi-database mode"
+            ) from None
+        except ValueError:  # no signature (a builtin): let it fail at run time
+            pass
 
     def backoff(self, settings: Settings) -> LinearBackoff:
         """The retry rule: the class attributes, else the environment's values.

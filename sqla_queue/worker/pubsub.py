@@ -216,15 +216,9 @@ class WorkerPubSubBase(WorkerBase):
         super()._check_tenant_handlers()
         for registry in (cls.subscriber_methods, cls.dead_subscriber_methods):
             for name in registry.values():
-                try:
-                    inspect.signature(getattr(cls, name)).bind(*(None,) * 6)
-                except TypeError:
-                    raise ConfigurationError(
-                        f"{cls.__name__}.{name} must take (self, payload, subscription, task, "
-                        "session, tenant_session) in multi-database mode"
-                    ) from None
-                except ValueError:  # no signature (a builtin): let it fail at run time
-                    pass
+                cls._require_arguments(
+                    name, "(self, payload, subscription, task, session, tenant_session)"
+                )
 
     @classmethod
     def subscriber_table_model(cls) -> type[SubscriberMixin]:
