@@ -7,9 +7,11 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 import click
 
+from .ddl import DIALECTS, queue_ddl
 from .exceptions import SqlaQueueError, WorkerImportError
 from .settings import Settings
 from .worker import WorkerBase
@@ -84,6 +86,42 @@ def worker(
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
+
+
+def print_ddl(schema: str, queue: str, **options: Any) -> None:
+    """Print :func:`sqla_queue.ddl.queue_ddl`, a bad name as a one-line error."""
+    try:
+        click.echo(queue_ddl(schema, queue, **options), nl=False)
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("schema")
+@click.argument("queue")
+@click.option(
+    "--dialect",
+    type=click.Choice(list(DIALECTS)),
+    default="postgresql",
+    show_default=True,
+    help="the database the SQL is for (SQLite: SCHEMA must be main)",
+)
+@click.option(
+    "--subscribers", is_flag=True, help="also the pub/sub subscriber table, QUEUE_subscriber"
+)
+@click.option(
+    "--config-table",
+    is_flag=True,
+    help="also the PEQ configuration table, SCHEMA.queue_configuration, with its rows",
+)
+def ddl(schema: str, queue: str, dialect: str, subscribers: bool, config_table: bool) -> None:
+    """Print the SQL that creates queue table SCHEMA.QUEUE.
+
+    The same tables, indexes and (PostgreSQL) NOTIFY trigger as QueueMixin,
+    SubscriberMixin and ConfigurationMixin make with create_all(); the NOTIFY
+    channel is QUEUE. Run it as is: psql -f, mysql <, sqlite3 DB <.
+    """
+    print_ddl(schema, queue, dialect=dialect, subscribers=subscribers, config_table=config_table)
 
 
 if __name__ == "__main__":  # pragma: no cover
