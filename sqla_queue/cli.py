@@ -124,5 +124,46 @@ def ddl(schema: str, queue: str, dialect: str, subscribers: bool, config_table: 
     print_ddl(schema, queue, dialect=dialect, subscribers=subscribers, config_table=config_table)
 
 
+@main.group(name="alembic")
+def alembic_group() -> None:
+    """Alembic migrations for queue tables (docs/migrations.md)."""
+
+
+@alembic_group.command(name="init")
+@click.argument("directory")
+@click.option(
+    "-t",
+    "--template",
+    type=click.Choice(["generic", "multidb"]),
+    default="generic",
+    show_default=True,
+    help="generic: one database; multidb: several, one section each in alembic.ini",
+)
+@click.option(
+    "--metadata",
+    metavar="MODULE:ATTRIBUTE",
+    help="your models' MetaData (or declarative base), e.g. myapp.models:Base.metadata; "
+    "written as target_metadata in alembic.ini",
+)
+@click.option(
+    "-c", "--config", "config_file", default="alembic.ini", show_default=True, help="the .ini file"
+)
+def alembic_init(directory: str, template: str, metadata: str | None, config_file: str) -> None:
+    """Make a migration environment in DIRECTORY from sqla-queue's templates.
+
+    Like `alembic init`, with an env.py that imports your metadata and
+    sqla_queue.alembic (the queue operations and their autogenerate
+    comparator). Then: alembic revision --autogenerate -m "queues".
+    """
+    from alembic.util import CommandError
+
+    from .alembic import init
+
+    try:
+        init(directory, template, config_file=config_file, metadata=metadata)
+    except CommandError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import String, Table, Text, event
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
@@ -29,17 +30,15 @@ from .identifiers import validate_identifier
 from .types import UtcDateTime, utc_now
 
 __all__ = [
-    "CONFIGURATION_TABLE_INFO",
     "CONFIGURATION_TABLE_NAME",
     "PEQ_SETTINGS",
     "ConfigurationMixin",
     "SettingRow",
+    "configuration_rows",
 ]
 
 CONFIGURATION_TABLE_NAME = "queue_configuration"
 """PEQ's name for the table (one per schema, as PEQ has one schema per queue)."""
-CONFIGURATION_TABLE_INFO = "sqla_queue_configuration"
-"""``Table.info`` key of a configuration table; its value is the table's rows."""
 
 
 class SettingRow(TypedDict):
@@ -170,6 +169,9 @@ class ConfigurationMixin:
         return f"<{type(self).__name__} {self.setting_name}={self.value!r} {self.unit or ''}>"
 
 
+_ROWS: WeakKeyDictionary[Table, tuple[SettingRow, ...]] = WeakKeyDictionary()
+
+
 @event.listens_for(ConfigurationMixin, "after_mapper_constructed", propagate=True)
 def _mark_configuration_table(mapper: Mapper[Any], cls: type[ConfigurationMixin]) -> None:
     table = mapper.local_table
@@ -178,4 +180,12 @@ def _mark_configuration_table(mapper: Mapper[Any], cls: type[ConfigurationMixin]
     validate_identifier(table.name, "table name")
     if table.schema is not None:
         validate_identifier(table.schema, "schema name")
-    table.info[CONFIGURATION_TABLE_INFO] = tuple(cls.__configuration_rows__)
+    # kept beside the table, not in Table.info: autogenerate writes a table's
+    # info into its create_table(), and the rows are written once already
+    _ROWS[table] = tuple(cls.__configuration_rows__)
+
+
+def configuration_rows(table: Table) -> tuple[SettingRow, ...] | None:
+    """The rows a new configuration table starts with; None when ``table`` is
+    not a ``ConfigurationMixin`` model's table."""
+    return _ROWS.get(table)

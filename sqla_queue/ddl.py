@@ -12,7 +12,6 @@ statement ends with ``;`` and the whole runs as is with ``psql -f``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import MetaData, Table, create_mock_engine, insert
@@ -22,10 +21,9 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateIndex
 
 from .configuration_table import (
-    CONFIGURATION_TABLE_INFO,
     CONFIGURATION_TABLE_NAME,
     ConfigurationMixin,
-    SettingRow,
+    configuration_rows,
 )
 from .exceptions import ConfigurationError
 from .identifiers import validate_identifier
@@ -114,7 +112,7 @@ def queue_ddl(
     for table in tables:
         elements.clear()
         table.create(engine, checkfirst=False)
-        rows: Sequence[SettingRow] = table.info.get(CONFIGURATION_TABLE_INFO, ())
+        rows = configuration_rows(table)
         if rows:
             elements.append(insert(table).values(list(rows)))
         statements += [_sql(element, engine.dialect) for element in _in_order(elements)]

@@ -207,8 +207,9 @@ _MYSQL_DIALECTS: Any = ("mysql", "mariadb", "singlestoredb")
 
 QUEUE_INDEX_INFO = "sqla_queue_index"
 """``Index.info`` key of the indexes sqla-queue adds to a queue table; its
-value is the dialect names the index is made on (None: every dialect). The
-alembic operations and ``sqla-queue ddl`` read it (docs/migrations.md)."""
+value says how the name was made (``suffix``: ``ix_<table>_<suffix>``) and
+on which dialects the index is made (``dialects``, None: every one). The
+alembic operations read it (docs/migrations.md)."""
 
 
 def add_queue_schema(table: Table, channel: str) -> None:
@@ -226,7 +227,7 @@ def add_queue_schema(table: Table, channel: str) -> None:
         made = Index(
             derived_identifier(name, suffix, "ix_"),
             *expressions,
-            info={QUEUE_INDEX_INFO: dialects},
+            info={QUEUE_INDEX_INFO: {"suffix": suffix, "dialects": dialects}},
             **kw,
         )
         if dialects is not None:
