@@ -34,7 +34,7 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks
+	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks alembic_templates setup.py
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed-dev

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages the tests need besides the database servers:
 # PgBouncer (tests/servers.py starts pgbouncer processes of its own; the Debian
-# service is not used). Does nothing when everything is there; runs apt-get
+# service is not used), and the databases' command-line clients, which
+# tests/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3). Does nothing when everything is there; runs apt-get
 # update only if apt-get cannot find a package without it. When it cannot
 # install (not root, no apt-get, no network) it says so and goes on: the tests
 # that need the package then skip, or fail under SQLA_QUEUE_REQUIRE_DATABASES=1.
@@ -9,6 +10,9 @@ set -u
 PATH=$PATH:/usr/sbin:/sbin
 missing=()
 command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
+command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v mysql >/dev/null 2>&1 || missing+=(mariadb-client)
+command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 warn() { echo "install-test-deps: $* (tests needing ${missing[*]} will skip)" >&2; exit 0; }

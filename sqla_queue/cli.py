@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from .ddl import DIALECTS, queue_ddl
 from .exceptions import SqlaQueueError, WorkerImportError
 from .mixins import QueueMixin
 from .settings import Settings
@@ -159,6 +160,83 @@ def webhook(model: str, subscriber_model: str, processes: tuple[str, ...], **opt
         return type("WorkerWebhook", (WorkerWebhook,), attributes)
 
     _run_worker(load, **options)
+
+
+def print_ddl(schema: str, queue: str, **options: Any) -> None:
+    """Print :func:`sqla_queue.ddl.queue_ddl`, a bad name as a one-line error."""
+    try:
+        click.echo(queue_ddl(schema, queue, **options), nl=False)
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("schema")
+@click.argument("queue")
+@click.option(
+    "--dialect",
+    type=click.Choice(list(DIALECTS)),
+    default="postgresql",
+    show_default=True,
+    help="the database the SQL is for (SQLite: SCHEMA must be main)",
+)
+@click.option(
+    "--subscribers", is_flag=True, help="also the pub/sub subscriber table, QUEUE_subscriber"
+)
+@click.option(
+    "--config-table",
+    is_flag=True,
+    help="also the PEQ configuration table, SCHEMA.queue_configuration, with its rows",
+)
+def ddl(schema: str, queue: str, dialect: str, subscribers: bool, config_table: bool) -> None:
+    """Print the SQL that creates queue table SCHEMA.QUEUE.
+
+    The same tables, indexes and (PostgreSQL) NOTIFY trigger as QueueMixin,
+    SubscriberMixin and ConfigurationMixin make with create_all(); the NOTIFY
+    channel is QUEUE. Run it as is: psql -f, mysql <, sqlite3 DB <.
+    """
+    print_ddl(schema, queue, dialect=dialect, subscribers=subscribers, config_table=config_table)
+
+
+@main.group(name="alembic")
+def alembic_group() -> None:
+    """Alembic migrations for queue tables (docs/migrations.md)."""
+
+
+@alembic_group.command(name="init")
+@click.argument("directory")
+@click.option(
+    "-t",
+    "--template",
+    type=click.Choice(["generic", "multidb"]),
+    default="generic",
+    show_default=True,
+    help="generic: one database; multidb: several, one section each in alembic.ini",
+)
+@click.option(
+    "--metadata",
+    metavar="MODULE:ATTRIBUTE",
+    help="your models' MetaData (or declarative base), e.g. myapp.models:Base.metadata; "
+    "written as target_metadata in alembic.ini",
+)
+@click.option(
+    "-c", "--config", "config_file", default="alembic.ini", show_default=True, help="the .ini file"
+)
+def alembic_init(directory: str, template: str, metadata: str | None, config_file: str) -> None:
+    """Make a migration environment in DIRECTORY from sqla-queue's templates.
+
+    Like `alembic init`, with an env.py that imports your metadata and
+    sqla_queue.alembic (the queue operations and their autogenerate
+    comparator). Then: alembic revision --autogenerate -m "queues".
+    """
+    from alembic.util import CommandError
+
+    from .alembic import init
+
+    try:
+        init(directory, template, config_file=config_file, metadata=metadata)
+    except CommandError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 if __name__ == "__main__":  # pragma: no cover

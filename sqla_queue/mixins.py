@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
@@ -204,6 +205,13 @@ _PARTIAL_INDEX_DIALECTS: Any = ("postgresql", "sqlite")
 _MYSQL_DIALECTS: Any = ("mysql", "mariadb", "singlestoredb")
 
 
+QUEUE_INDEX_INFO = "sqla_queue_index"
+"""``Index.info`` key of the indexes sqla-queue adds to a queue table; its
+value says how the name was made (``suffix``: ``ix_<table>_<suffix>``) and
+on which dialects the index is made (``dialects``, None: every one). The
+alembic operations read it (docs/migrations.md)."""
+
+
 def add_queue_schema(table: Table, channel: str) -> None:
     """Indexes and, on PostgreSQL, the NOTIFY trigger of one queue table."""
     if table.info.get("sqla_queue"):
@@ -214,103 +222,152 @@ def add_queue_schema(table: Table, channel: str) -> None:
     table.info["sqla_queue"] = {"channel": channel}
     c = table.c
     name = table.name
+
+    def index(suffix: str, *expressions: Any, dialects: Any = None, **kw: Any) -> None:
+        made = Index(
+            derived_identifier(name, suffix, "ix_"),
+            *expressions,
+            info={QUEUE_INDEX_INFO: {"suffix": suffix, "dialects": dialects}},
+            **kw,
+        )
+        if dialects is not None:
+            made.ddl_if(dialect=dialects)
+
+    pending = c.status == Status.PENDING.value
     # Ready tasks in claim order. Partial where the dialect can: finished rows
     # (the seed keeps every attempt) never slow down the claim.
-    Index(
-        derived_identifier(name, "pendente", "ix_"),
+    index(
+        "pendente",
         c.prioridade.desc(),
         c.data_hora,
         c.id,
-        postgresql_where=c.status == Status.PENDING.value,
-        sqlite_where=c.status == Status.PENDING.value,
-    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
+        postgresql_where=pending,
+        sqlite_where=pending,
+        dialects=_PARTIAL_INDEX_DIALECTS,
+    )
     # Routing (a worker's ``processes``, a pub/sub worker's subscriber ids):
     # ready rows of some processes in claim order, and ready copies by
     # subscriber. Partial where the dialect can, so finished rows, and plain
     # tasks for the second, cost nothing (docs/pubsub.md has the measured cost).
-    Index(
-        derived_identifier(name, "pendente_processo", "ix_"),
+    index(
+        "pendente_processo",
         c.processo,
         c.prioridade.desc(),
         c.data_hora,
         c.id,
-        postgresql_where=c.status == Status.PENDING.value,
-        sqlite_where=c.status == Status.PENDING.value,
-    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
-    pending_copy = and_(c.status == Status.PENDING.value, c.subscriber_id.is_not(None))
-    Index(
-        derived_identifier(name, "pendente_assinante", "ix_"),
+        postgresql_where=pending,
+        sqlite_where=pending,
+        dialects=_PARTIAL_INDEX_DIALECTS,
+    )
+    pending_copy = and_(pending, c.subscriber_id.is_not(None))
+    index(
+        "pendente_assinante",
         c.subscriber_id,
         postgresql_where=pending_copy,
         sqlite_where=pending_copy,
-    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
-    Index(
-        derived_identifier(name, "status_processo", "ix_"),
+        dialects=_PARTIAL_INDEX_DIALECTS,
+    )
+    index(
+        "status_processo",
         c.status,
         c.processo,
         c.prioridade.desc(),
         c.data_hora,
-    ).ddl_if(dialect=_MYSQL_DIALECTS)
-    Index(derived_identifier(name, "status_assinante", "ix_"), c.status, c.subscriber_id).ddl_if(
-        dialect=_MYSQL_DIALECTS
+        dialects=_MYSQL_DIALECTS,
     )
-    Index(
-        derived_identifier(name, "agendada", "ix_"),
+    index("status_assinante", c.status, c.subscriber_id, dialects=_MYSQL_DIALECTS)
+    scheduled = c.status == Status.SCHEDULED.value
+    index(
+        "agendada",
         c.data_hora,
-        postgresql_where=c.status == Status.SCHEDULED.value,
-        sqlite_where=c.status == Status.SCHEDULED.value,
-    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
-    Index(
-        derived_identifier(name, "processando", "ix_"),
+        postgresql_where=scheduled,
+        sqlite_where=scheduled,
+        dialects=_PARTIAL_INDEX_DIALECTS,
+    )
+    processing = c.status == Status.PROCESSING.value
+    index(
+        "processando",
         c.id,
-        postgresql_where=c.status == Status.PROCESSING.value,
-        sqlite_where=c.status == Status.PROCESSING.value,
-    ).ddl_if(dialect=_PARTIAL_INDEX_DIALECTS)
-    Index(
-        derived_identifier(name, "status_prioridade", "ix_"),
+        postgresql_where=processing,
+        sqlite_where=processing,
+        dialects=_PARTIAL_INDEX_DIALECTS,
+    )
+    index(
+        "status_prioridade",
         c.status,
         c.prioridade.desc(),
         c.data_hora,
-    ).ddl_if(dialect=_MYSQL_DIALECTS)
-    Index(derived_identifier(name, "status_data_hora", "ix_"), c.status, c.data_hora).ddl_if(
-        dialect=_MYSQL_DIALECTS
+        dialects=_MYSQL_DIALECTS,
     )
+    index("status_data_hora", c.status, c.data_hora, dialects=_MYSQL_DIALECTS)
     # A task without payload has no hash and is never "equivalent": where the
     # dialect can, such rows stay out of the index (one index write less).
-    Index(
-        derived_identifier(name, "equivalente", "ix_"),
+    hashed = c.payload_hash.is_not(None)
+    index(
+        "equivalente",
         c.chave_externa,
         c.payload_hash,
         c.status,
-        postgresql_where=c.payload_hash.is_not(None),
-        sqlite_where=c.payload_hash.is_not(None),
+        postgresql_where=hashed,
+        sqlite_where=hashed,
     )
     # Time-range queries only (dashboards, retention): on PostgreSQL a BRIN
     # index, a few pages that an insert rarely touches, since data_hora grows
     # with the insertion order.
-    Index(derived_identifier(name, "data_hora", "ix_"), c.data_hora, postgresql_using="brin")
+    index("data_hora", c.data_hora, postgresql_using="brin")
     _add_notify_trigger(table, channel)
 
 
-def _add_notify_trigger(table: Table, channel: str) -> None:
+@dataclass(frozen=True)
+class NotifyTriggerDDL:
+    """The PostgreSQL statements of a queue table's NOTIFY trigger.
+
+    One source for ``metadata.create_all()``, ``sqla-queue ddl`` and the
+    alembic operations, so the three make the same function and trigger."""
+
+    trigger: str
+    create_function: str
+    create_trigger: str
+    drop_trigger: str
+    drop_function: str
+
+
+def notify_trigger_ddl(table_name: str, schema: str | None, channel: str) -> NotifyTriggerDDL:
+    """The trigger of ``schema.table_name`` that NOTIFYs ``channel``."""
+    validate_identifier(table_name, "table name")
+    if schema is not None:
+        validate_identifier(schema, "schema name")
+    validate_identifier(channel, "channel name")
     # One NOTIFY per INSERT statement (not per row): a bulk insert wakes the
     # workers once. Every insert notifies, scheduled ones too, so idle workers
     # re-arm their timers for the new due time.
-    qualified = f'"{table.schema}".' if table.schema else ""
-    trigger = derived_identifier(table.name, "sqlaq_notify")
+    qualified = f'"{schema}".' if schema else ""
+    trigger = derived_identifier(table_name, "sqlaq_notify")
     function = f'{qualified}"{trigger}"'
-    create_function = DDL(  # type: ignore[no-untyped-call]
-        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        f"BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+    return NotifyTriggerDDL(
+        trigger=trigger,
+        create_function=(
+            f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+        ),
+        create_trigger=(
+            f'CREATE TRIGGER "{trigger}" AFTER INSERT ON {qualified}"{table_name}" '
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        ),
+        drop_trigger=f'DROP TRIGGER IF EXISTS "{trigger}" ON {qualified}"{table_name}"',
+        drop_function=f"DROP FUNCTION IF EXISTS {function}()",
     )
-    create_trigger = DDL(  # type: ignore[no-untyped-call]
-        f'CREATE TRIGGER "{trigger}" AFTER INSERT ON {qualified}"{table.name}" '
-        f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-    )
-    drop_function = DDL(f"DROP FUNCTION IF EXISTS {function}()")  # type: ignore[no-untyped-call]
-    event.listen(table, "after_create", create_function.execute_if(dialect="postgresql"))
-    event.listen(table, "after_create", create_trigger.execute_if(dialect="postgresql"))
-    event.listen(table, "after_drop", drop_function.execute_if(dialect="postgresql"))
+
+
+def _add_notify_trigger(table: Table, channel: str) -> None:
+    ddl = notify_trigger_ddl(table.name, table.schema, channel)
+    for when, statement in (
+        ("after_create", ddl.create_function),
+        ("after_create", ddl.create_trigger),
+        ("after_drop", ddl.drop_function),
+    ):
+        ddl_element = DDL(statement)  # type: ignore[no-untyped-call]
+        event.listen(table, when, ddl_element.execute_if(dialect="postgresql"))
 
 
 @event.listens_for(QueueMixin, "after_mapper_constructed", propagate=True)

@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,35 @@ def test_readme_links_work_on_the_package_index() -> None:
         if target.startswith(REPOSITORY):
             # and the file it points at exists (in this checkout)
             assert (ROOT / target.removeprefix(REPOSITORY).split("#")[0]).exists(), target
+
+
+# ------------------------------------------------------ the built wheel
+TEMPLATE_FILES = ("README", "alembic.ini.mako", "env.py", "script.py.mako")
+
+
+def test_the_wheel_ships_the_alembic_templates_and_the_packages(tmp_path: Path) -> None:
+    """A real build (pip wheel, PEP 517): the top-level alembic_templates/
+    folder lands in the wheel as sqla_queue/alembic_templates/, next to
+    every subpackage of sqla_queue."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("sqla_queue-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for template in ("generic", "multidb"):
+        for name in TEMPLATE_FILES:
+            assert f"sqla_queue/alembic_templates/{template}/{name}" in names
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
+    packages = {
+        path.parent.relative_to(ROOT).as_posix()
+        for path in (ROOT / "sqla_queue").rglob("__init__.py")
+    }
+    for package in packages:
+        assert f"{package}/__init__.py" in names
+    assert "sqla_queue/py.typed" in names
+    assert not any(name.startswith(("alembic_templates/", "tests/")) for name in names)

@@ -1,0 +1,184 @@
+"""Autogenerate comparison for queue and configuration tables.
+
+One table-level comparator, run after alembic's own (``LAST`` priority on
+alembic 1.18+, registration order before), for each table of the metadata:
+
+- a queue table (``QueueMixin``): alembic's index operations on the mixin's
+  indexes are taken out (alembic would make the PostgreSQL-only partial
+  indexes on MySQL, and cannot compare a partial or BRIN index), and
+  ``create_queue_index`` operations put in their place: every index of a new
+  table, each made only on its dialects, so that the migration serves every
+  database; on an existing table, the indexes of this dialect that are
+  missing. On PostgreSQL the NOTIFY trigger is compared too: missing, it is
+  created; NOTIFYing another channel, ``alter_queue_channel``. A new table
+  always gets ``create_queue_notify_trigger`` (nothing off PostgreSQL).
+- a queue table removed from the metadata: its trigger function is dropped
+  (PostgreSQL drops the trigger with the table, not the function).
+- a configuration table (``ConfigurationMixin``): the declared rows that are
+  not in the table are inserted; rows already there are never changed.
+
+Indexes are compared by name: a changed definition under the same name
+is not seen (docs/migrations.md says how to migrate one by hand).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from alembic.autogenerate import comparators
+from alembic.autogenerate.api import AutogenContext
+from alembic.operations import ops
+from sqlalchemy import Table, select, table, text
+from sqlalchemy import column as sql_column
+
+from ..configuration_table import SettingRow, configuration_rows
+from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
+from .operations import (
+    AlterQueueChannelOp,
+    CreateQueueIndexOp,
+    CreateQueueNotifyTriggerOp,
+    DropQueueNotifyTriggerOp,
+    InsertQueueSettingsOp,
+    queue_index_applies,
+)
+
+_CHANNEL = re.compile(r"pg_notify\('([^']*)'")
+_TRIGGER_SOURCE = text(
+    "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+    "WHERE t.tgrelid = to_regclass(:table) AND t.tgname = :trigger AND NOT t.tgisinternal"
+)
+
+
+def compare_queue_tables(
+    autogen_context: AutogenContext,
+    modify_table_ops: ops.ModifyTableOps,
+    schema: str | None,
+    table_name: str,
+    conn_table: Table | None,
+    metadata_table: Table | None,
+) -> None:
+    """Alembic's ``"table"`` comparator hook (see the module docstring)."""
+    if metadata_table is None:
+        if conn_table is not None:
+            _removed_queue_table(autogen_context, modify_table_ops, schema, table_name)
+        return
+    queue = metadata_table.info.get("sqla_queue")
+    if queue is not None:
+        _compare_queue(autogen_context, modify_table_ops, metadata_table, conn_table, queue)
+    rows = configuration_rows(metadata_table)
+    if rows:
+        _compare_settings(autogen_context, modify_table_ops, metadata_table, conn_table, rows)
+
+
+def _compare_queue(
+    autogen_context: AutogenContext,
+    modify_table_ops: ops.ModifyTableOps,
+    metadata_table: Table,
+    conn_table: Table | None,
+    queue: dict[str, Any],
+) -> None:
+    indexes = sorted(
+        (index for index in metadata_table.indexes if QUEUE_INDEX_INFO in index.info),
+        key=lambda index: str(index.name),
+    )
+    names = {index.name for index in indexes}
+    modify_table_ops.ops = [
+        op
+        for op in modify_table_ops.ops
+        if not (isinstance(op, (ops.CreateIndexOp, ops.DropIndexOp)) and op.index_name in names)
+    ]
+    schema, name, channel = metadata_table.schema, metadata_table.name, queue["channel"]
+    assert autogen_context.dialect is not None
+    dialect = autogen_context.dialect.name
+    if conn_table is None:
+        modify_table_ops.ops += [CreateQueueIndexOp.from_index(index) for index in indexes]
+        modify_table_ops.ops.append(
+            CreateQueueNotifyTriggerOp(name, channel=channel, schema=schema)
+        )
+        return
+    existing = {
+        index["name"] for index in autogen_context.inspector.get_indexes(name, schema=schema)
+    }
+    modify_table_ops.ops += [
+        CreateQueueIndexOp.from_index(index)
+        for index in indexes
+        if index.name not in existing
+        and queue_index_applies(index.info[QUEUE_INDEX_INFO]["dialects"], dialect)
+    ]
+    if dialect != "postgresql":
+        return
+    current = _trigger_channel(autogen_context, schema, name)
+    if current is None:
+        modify_table_ops.ops.append(
+            CreateQueueNotifyTriggerOp(name, channel=channel, schema=schema)
+        )
+    elif current != channel:
+        modify_table_ops.ops.append(
+            AlterQueueChannelOp(name, channel=channel, old_channel=current, schema=schema)
+        )
+
+
+def _removed_queue_table(
+    autogen_context: AutogenContext,
+    modify_table_ops: ops.ModifyTableOps,
+    schema: str | None,
+    table_name: str,
+) -> None:
+    assert autogen_context.dialect is not None
+    if autogen_context.dialect.name != "postgresql":
+        return
+    channel = _trigger_channel(autogen_context, schema, table_name)
+    if channel is not None:
+        modify_table_ops.ops.append(
+            DropQueueNotifyTriggerOp(table_name, channel=channel, schema=schema)
+        )
+
+
+def _trigger_channel(
+    autogen_context: AutogenContext, schema: str | None, table_name: str
+) -> str | None:
+    """The channel the table's sqla-queue trigger NOTIFYs, None without one."""
+    assert autogen_context.connection is not None
+    qualified = f'"{schema}"."{table_name}"' if schema else f'"{table_name}"'
+    trigger = notify_trigger_ddl(table_name, schema, table_name).trigger
+    source = autogen_context.connection.execute(
+        _TRIGGER_SOURCE, {"table": qualified, "trigger": trigger}
+    ).scalar()
+    if source is None:
+        return None
+    found = _CHANNEL.search(source)
+    return found.group(1) if found else ""
+
+
+def _compare_settings(
+    autogen_context: AutogenContext,
+    modify_table_ops: ops.ModifyTableOps,
+    metadata_table: Table,
+    conn_table: Table | None,
+    rows: tuple[SettingRow, ...],
+) -> None:
+    present: set[str] = set()
+    if conn_table is not None:
+        assert autogen_context.connection is not None
+        settings = table(
+            metadata_table.name, sql_column("setting_name"), schema=metadata_table.schema
+        )
+        present = set(autogen_context.connection.execute(select(settings.c.setting_name)).scalars())
+    missing = [row for row in rows if row["setting_name"] not in present]
+    if missing:
+        modify_table_ops.ops.append(
+            InsertQueueSettingsOp(metadata_table.name, missing, schema=metadata_table.schema)
+        )
+
+
+def _register() -> None:
+    try:  # alembic 1.18+: a priority, after alembic's own comparators
+        from alembic.util import DispatchPriority
+    except ImportError:  # before: in registration order, after alembic's own
+        comparators.dispatch_for("table")(compare_queue_tables)
+    else:
+        comparators.dispatch_for("table", priority=DispatchPriority.LAST)(compare_queue_tables)
+
+
+_register()
