@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -43,7 +43,7 @@ from sqla_queue.settings import Settings
 from sqla_queue.worker.runner import Runner
 from tests import nsj_app
 from tests.app import build as build_app
-from tests.conftest import ROOT, server_url, wait_until
+from tests.conftest import ROOT, run_cli, server_url, wait_until
 from tests.test_concurrency import (
     insert_tasks,
     spawned,
@@ -471,20 +471,28 @@ def test_retries_made_by_either_library_are_read_and_run_by_the_other(
     ]
 
 
+@pytest.mark.parametrize("made_by", ["sqla-queue", "db_gen"])
 def test_pub_sub_copies_made_by_either_library_are_consumed_by_the_other(
-    engine: Engine, our_app: nsj_app.NsjApp, table_name: str, reference_factory: Any
+    engine: Engine, nsj_python: str, schema: str, reference_factory: Any, made_by: str
 ) -> None:
-    app = our_app
+    app = nsj_app.build("fila_pubsub", schema=schema)
+    if made_by == "db_gen":  # its subscriber table has no signing_secret: none is needed
+        made_by_reference(engine, nsj_python, schema, "fila_pubsub")
+        app.Effect.__table__.create(engine)
+    else:
+        app.Base.metadata.create_all(engine)
+    table_name = f"{schema}.fila_pubsub"
     reference = reference_factory(
-        table_name, table_name, QUEUE_SUBSCRIBER_TABLE=f"{table_name}_subscriber"
+        table_name, "fila_pubsub", QUEUE_SUBSCRIBER_TABLE=f"{table_name}_subscriber"
     )
-    with Session(engine) as session, session.begin():
-        session.add_all(
+    with engine.begin() as conn:
+        conn.execute(
+            insert(app.Subscriber.__table__),
             [
-                app.Subscriber(id="sqla-sub", process="pedido"),
-                app.Subscriber(id="nsj-sub", process="pedido", tenant=7, headers={"X-A": "1"}),
-                app.Subscriber(id="other", process="outro"),
-            ]
+                {"id": "sqla-sub", "processo": "pedido", "tenant": None, "headers": None},
+                {"id": "nsj-sub", "processo": "pedido", "tenant": 7, "headers": {"X-A": "1"}},
+                {"id": "other", "processo": "outro", "tenant": None, "headers": None},
+            ],
         )
     publication = {"origem": "loja", "destino": "erp", "processo": "pedido", "tenant": 7}
     # fanned out by sqla-queue, which runs its own subscription's copy
@@ -512,11 +520,11 @@ def test_pub_sub_copies_made_by_either_library_are_consumed_by_the_other(
     # the same copy payload from either library
     by_copy = {(rows[c.publication_id].external_key, c.subscriber_id): c for c in copies}
     for subscription in ("nsj-sub", "sqla-sub"):
-        made_by_reference, made_by_us = by_copy["1", subscription], by_copy["2", subscription]
-        theirs, mine = made_by_reference.payload, made_by_us.payload
+        their_copy, our_copy = by_copy["1", subscription], by_copy["2", subscription]
+        theirs, mine = their_copy.payload, our_copy.payload
         assert theirs["subscription"] == mine["subscription"], subscription
         assert (theirs["publication"], mine["publication"]) == ('{"pedido": 1}', '{"pedido": 2}')
-        assert made_by_reference.payload_hash == sha256_hex(made_by_reference.payload_text)
+        assert their_copy.payload_hash == sha256_hex(their_copy.payload_text)
     assert by_copy["1", "nsj-sub"].payload["subscription"]["headers"] == {"X-A": "1"}
     notes = sorted(note for _, _, note in effects(engine, app))
     assert notes == [
@@ -605,11 +613,21 @@ def test_a_claim_ignores_the_reference_lock_unless_nsj_locks(
 def test_nsj_locks_is_refused_where_it_cannot_work(tmp_path: Path) -> None:
     sqlite = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
     app = nsj_app.build("fila")
-    with pytest.raises(ConfigurationError, match="nsj_locks is for PostgreSQL, not sqlite"):
+    with pytest.raises(ConfigurationError, match=r"\(SQLA_QUEUE_NSJ_LOCKS\) is for PostgreSQL"):
         Runner(app.Worker(), engine=sqlite, settings=Settings(nsj_locks=True))
     pg = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
-    with pytest.raises(ConfigurationError, match="nsj_locks needs task locks"):
+    with pytest.raises(ConfigurationError, match=r"\(SQLA_QUEUE_NSJ_LOCKS\) needs task locks"):
         Runner(app.Worker(), engine=pg, settings=Settings(nsj_locks=True, task_locks=False))
+    # the command: one line, no traceback
+    proc = run_cli(
+        "worker", "tests.app:RecordingWorker", "--url", f"sqlite:///{tmp_path / 'cli.db'}",
+        env={"SQLA_QUEUE_NSJ_LOCKS": "true"}, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "Error: nsj_locks (SQLA_QUEUE_NSJ_LOCKS) is for PostgreSQL, not sqlite: "
+        "nsj-queue-lib's workers lock tasks with pg_try_advisory_lock there only"
+    ]
     with pytest.raises(ConfigurationError, match="SQLA_QUEUE_NSJ_LOCKS must be true or false"):
         Settings.from_env({"SQLA_QUEUE_NSJ_LOCKS": "maybe"})
     assert Settings.from_env({"SQLA_QUEUE_NSJ_LOCKS": "true"}).nsj_locks

@@ -46,13 +46,13 @@ def adapter_for(
     if nsj_locks:
         if family != "postgresql":
             raise ConfigurationError(
-                f"nsj_locks is for PostgreSQL, not {family}: nsj-queue-lib's workers "
-                "lock tasks with pg_try_advisory_lock (elsewhere only its socket server does)"
+                f"nsj_locks (SQLA_QUEUE_NSJ_LOCKS) is for PostgreSQL, not {family}: "
+                "nsj-queue-lib's workers lock tasks with pg_try_advisory_lock there only"
             )
         if not task_locks:
             raise ConfigurationError(
-                "nsj_locks needs task locks (SQLA_QUEUE_TASK_LOCKS / task_locks not false): "
-                "nsj-queue-lib's lock is a session-level advisory lock too"
+                "nsj_locks (SQLA_QUEUE_NSJ_LOCKS) needs task locks: SQLA_QUEUE_TASK_LOCKS "
+                "or task_locks is false (nsj-queue-lib's lock is a session-level lock too)"
             )
         module, name = "nsj", "PostgresNsjAdapter"
     cls: type[Adapter] = getattr(importlib.import_module(f".{module}", __name__), name)
