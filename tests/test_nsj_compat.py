@@ -87,7 +87,7 @@ class Reference:
         proc = subprocess.run(
             [self.python, DRIVER, *args],
             env=self.env,
-            input=None if stdin is None else json.dumps(stdin),
+            input="" if stdin is None else json.dumps(stdin),
             capture_output=True,
             text=True,
             timeout=60,
@@ -561,6 +561,35 @@ def test_a_rescue_takes_a_running_reference_task_for_lost_unless_nsj_locks(
         # the reference's task had no sqla-queue lock and no lease: "lost", so
         # re-enqueued and run by sqla-queue while the reference ran it too
         assert notes == ['nsj:{"block": true}', nsj_app.note_of(2, {"block": True})]
+
+
+def test_with_nsj_locks_a_dead_reference_worker_s_task_is_rescued_under_its_key(
+    engine: Engine, our_app: nsj_app.NsjApp, table_name: str, reference_factory: Any
+) -> None:
+    app = our_app
+    reference = reference_factory(table_name, table_name)
+    signals = Path(reference.env["NSJ_TEST_SIGNAL_DIR"])
+    with engine.begin() as conn:
+        task_id = QueueClient(conn, app.Task).insert_task("o", "d", "p", "1", {"block": True})
+    running = reference.spawn("drain", "plain")
+    wait_until(lambda: (signals / f"started-{task_id}").exists(), message="the reference's run")
+    running.kill()  # the worker dies mid-task: its key goes with its session
+    running.wait(timeout=10)
+    wait_until(lambda: nsj_lock_holders(engine, task_id) == 0, message="the dead session's key")
+
+    table = app.Task.__table__
+    adapter = adapter_for(engine.dialect, table, table.name, nsj_locks=True)
+    with engine.connect() as conn, conn.begin():
+        assert [task.id for task in adapter.task_rescue_lost(conn, limit=10)] == [task_id]
+        # until the rescue commits, the reference's retry thread cannot take the task
+        assert reference.run("lock", str(task_id)).strip() == "false"
+        conn.rollback()
+    assert reference.run("lock", str(task_id)).strip() == "true"
+
+    drain(app.Worker, engine, nsj_locks=True)
+    first, retry = rows_of(engine, app)
+    assert (first.status, retry.status) == ("falha_processando", "sucesso")
+    assert effects(engine, app) == [(retry.id, task_id, nsj_app.note_of(2, {"block": True}))]
 
 
 def nsj_lock_holders(engine: Engine, task_id: int) -> int:
