@@ -41,4 +41,4 @@ bench: $(VENV)/.installed-dev
 	benchmarks/run.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache quickstart.db*
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache quickstart.db*

@@ -6,7 +6,9 @@
 # update only if apt-get cannot find a package without it. When it cannot
 # install (not root, no apt-get, no network) it says so and goes on: the tests
 # that need the package then skip, or fail under SQLA_QUEUE_REQUIRE_DATABASES=1.
+# Also the reference library's own venv (scripts/install-nsj-reference.sh).
 set -u
+"$(dirname "$0")/install-nsj-reference.sh"
 PATH=$PATH:/usr/sbin:/sbin
 missing=()
 command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)

@@ -37,7 +37,7 @@ from .exceptions import FanOutError
 from .mixins import Status
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
-from .subscribers import SubscriptionRecord
+from .subscribers import SUBSCRIBER_COLUMN_NAMES, SubscriptionRecord
 
 __all__ = ["CHUNK_ROWS", "NO_SUBSCRIBERS_MESSAGE", "PUBLISHED_MESSAGE", "FanOut"]
 
@@ -128,6 +128,9 @@ class FanOut:
             process=publication.process,
             tenant=publication.tenant,
             company_group=publication.company_group,
+            # the seed's columns only: a table made by nsj-queue-lib has no
+            # signing_secret, and a copy never needs it
+            columns=tuple(SUBSCRIBER_COLUMN_NAMES.values()),
         )
         if not found:
             return NO_SUBSCRIBERS_MESSAGE

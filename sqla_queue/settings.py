@@ -290,6 +290,8 @@ class Settings:
     listen_fallback_seconds: float = 5.0
     log_debug: bool = False
     task_locks: bool = True
+    #: take nsj-queue-lib's task lock too: a mixed fleet (adapters/nsj.py)
+    nsj_locks: bool = False
     #: multi-database tenants (MULTI_DATABASE and its companions); docs/tenants.md
     tenants: TenantSettings = field(default_factory=lambda: TenantSettings())
 
@@ -308,6 +310,7 @@ class Settings:
             listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0, WAIT_SECONDS),
             log_debug=env.get("LOG_DEBUG", "").strip().upper() in ("TRUE", "1", "YES"),
             task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
+            nsj_locks=_flag(env, "SQLA_QUEUE_NSJ_LOCKS", default=False),
             tenants=TenantSettings.from_env(env),
         )
 

@@ -7,7 +7,7 @@ import importlib
 from sqlalchemy import Table
 from sqlalchemy.engine import Dialect
 
-from ..exceptions import UnsupportedOperationError
+from ..exceptions import ConfigurationError, UnsupportedOperationError
 from ..types import dialect_family
 from .base import Adapter, ClaimFilter, Listener
 
@@ -29,9 +29,12 @@ def adapter_for(
     *,
     task_locks: bool = True,
     claim_filter: ClaimFilter | None = None,
+    nsj_locks: bool = False,
 ) -> Adapter:
     """The adapter for ``dialect``'s family; ``claim_filter`` restricts what
-    its claims take (a worker's processes, a pub/sub worker's subscribers)."""
+    its claims take (a worker's processes, a pub/sub worker's subscribers).
+    ``nsj_locks``: take nsj-queue-lib's task lock too, so that its workers
+    and sqla-queue's can share the queue (PostgreSQL, with task locks)."""
     family = dialect_family(dialect)
     try:
         module, name = _ADAPTERS[family]
@@ -40,5 +43,17 @@ def adapter_for(
             f"sqla-queue does not support the {family!r} dialect "
             "(PostgreSQL, MySQL/MariaDB, SingleStore and SQLite are supported)"
         ) from None
+    if nsj_locks:
+        if family != "postgresql":
+            raise ConfigurationError(
+                f"nsj_locks (SQLA_QUEUE_NSJ_LOCKS) is for PostgreSQL, not {family}: "
+                "nsj-queue-lib's workers lock tasks with pg_try_advisory_lock there only"
+            )
+        if not task_locks:
+            raise ConfigurationError(
+                "nsj_locks (SQLA_QUEUE_NSJ_LOCKS) needs task locks: SQLA_QUEUE_TASK_LOCKS "
+                "or task_locks is false (nsj-queue-lib's lock is a session-level lock too)"
+            )
+        module, name = "nsj", "PostgresNsjAdapter"
     cls: type[Adapter] = getattr(importlib.import_module(f".{module}", __name__), name)
     return cls(table, channel, task_locks=task_locks, claim_filter=claim_filter)

@@ -476,13 +476,14 @@ class Adapter:
         process: str | None,
         tenant: int | None,
         company_group: str | None,
+        columns: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Active rows of subscriber ``table`` for ``process`` whose tenant
         and company group are NULL or equal to those given, by id; each a
-        dict by column name (every column, the caller picks)."""
+        dict by column name (``columns``; None: every column)."""
         c = table.c
         statement = (
-            select(table)
+            select(*(c if columns is None else [c[name] for name in columns]))
             .where(
                 c.processo == process,
                 c.ativo == true(),

@@ -40,7 +40,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..exceptions import UnsupportedOperationError
@@ -65,10 +65,25 @@ _REFUSED_LOGIN = re.compile(
 
 LISTEN_POLL_SECONDS = 1.0  # how often the listener thread checks for stop
 RECONNECT_DELAY_SECONDS = 1.0
+#: releases the per-task lock of task x, for each x of the ids array :ids
+TASK_UNLOCK = "pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)"
+OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
 
 
 def _lock_objid(id_expr: Any) -> Any:
     return cast((id_expr % 4294967296) - 2147483648, Integer)
+
+
+def advisory_lock_free(*, objsubid: int, classid: str, objid: str) -> TextClause:
+    """SQL: no session of this database holds the advisory lock that
+    pg_locks shows as (classid, objid, objsubid): 1 for a single bigint
+    key, 2 for a pair of int4 keys."""
+    return text(
+        "NOT EXISTS (SELECT 1 FROM pg_locks AS l WHERE l.locktype = 'advisory'"
+        f" AND l.granted AND l.objsubid = {int(objsubid)}"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        f" AND l.classid = {classid} AND l.objid = {objid})"
+    )
 
 
 class _array_of(ColumnElement[Any]):
@@ -119,13 +134,11 @@ class PostgresAdapter(Adapter):
         initial = t.alias("inicial")
         initial_payload = select(initial.c.payload).where(initial.c.id == c.id_inicial)
         columns = [col for col in c if col.name != "payload"]
-        ns = literal(self.task_lock_namespace, Integer)
         returned = [
             *columns,
             func.coalesce(c.payload, initial_payload.scalar_subquery()).label("payload"),
+            *self._claim_locks(),
         ]
-        if self.task_locks:
-            returned.append(func.pg_try_advisory_lock(ns, _lock_objid(c.id)).label("sqlaq_locked"))
         self._claim = (
             update(t)
             .where(c.id == any_(_array_of(ready)))
@@ -136,10 +149,9 @@ class PostgresAdapter(Adapter):
             )
             .returning(*returned)
         )
-        self._unlock = text(
-            "SELECT count(pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)) "
-            "FROM unnest(CAST(:ids AS bigint[])) AS x"
-        ).bindparams(ns=self.task_lock_namespace)
+        self._unlock = text(f"SELECT count({TASK_UNLOCK}) {OVER_IDS}").bindparams(
+            ns=self.task_lock_namespace
+        )
         self._lost = self._lost.with_for_update(skip_locked=True)
         # renew only the rows no transaction holds: a handler that updates its
         # own task row must not stall the heartbeat of every lane
@@ -178,6 +190,24 @@ class PostgresAdapter(Adapter):
 
     _unnest_inserts: dict[tuple[str, ...], Any]
 
+    def _claim_locks(self) -> list[ColumnElement[Any]]:
+        """The per-task locks the claim's RETURNING list takes, each a
+        boolean column; :meth:`_keep_locked` reads them."""
+        if not self.task_locks:
+            return []
+        ns = literal(self.task_lock_namespace, Integer)
+        return [func.pg_try_advisory_lock(ns, _lock_objid(self.table.c.id)).label("sqlaq_locked")]
+
+    def _keep_locked(self, conn: Connection, rows: Sequence[Any], owner: str) -> list[Any]:
+        """The claimed rows whose locks were all taken; the others go back."""
+        if not self.task_locks:
+            return list(rows)
+        unlocked = [row.id for row in rows if not row.sqlaq_locked]
+        if unlocked:
+            # the lock key is taken by a task 2**32 ids away: run it later
+            self.task_hand_back_many(conn, ids=unlocked, owner=owner)
+        return [row for row in rows if row.sqlaq_locked]
+
     def _quoted(self) -> str:
         t = self.table
         return f'"{t.schema}"."{t.name}"' if t.schema else f'"{t.name}"'
@@ -204,12 +234,10 @@ class PostgresAdapter(Adapter):
         expired = c.lease_expires_at < func.clock_timestamp()
         if not self.task_locks:
             return or_(c.lease_expires_at.is_(None), expired)
-        lock_free = text(
-            "NOT EXISTS (SELECT 1 FROM pg_locks AS l WHERE l.locktype = 'advisory'"
-            " AND l.granted AND l.objsubid = 2"
-            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            f" AND l.classid = CAST({int(self.task_lock_namespace)} AS int4)::oid"
-            f" AND l.objid = ((({self._quoted()}.id % 4294967296) - 2147483648)::int4)::oid)"
+        lock_free = advisory_lock_free(
+            objsubid=2,
+            classid=f"CAST({int(self.task_lock_namespace)} AS int4)::oid",
+            objid=f"((({self._quoted()}.id % 4294967296) - 2147483648)::int4)::oid",
         )
         return or_(expired, lock_free)
 
@@ -283,13 +311,7 @@ class PostgresAdapter(Adapter):
         params = {"limit": limit, "owner": owner, **self._lease_params(lease_seconds)}
         result = conn.execute(self._claim, params)
         keys = list(result.keys())
-        rows = result.all()
-        if self.task_locks:
-            unlocked = [row.id for row in rows if not row.sqlaq_locked]
-            if unlocked:
-                # the lock key is taken by a task 2**32 ids away: run it later
-                self.task_hand_back_many(conn, ids=unlocked, owner=owner)
-                rows = [row for row in rows if row.sqlaq_locked]
+        rows = self._keep_locked(conn, result.all(), owner)
         return self._records(keys, rows, conn)
 
     def lock_release_many(self, conn: Connection, *, ids: Any) -> None:

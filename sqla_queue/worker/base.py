@@ -69,6 +69,10 @@ class WorkerBase(abc.ABC):
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
     task_locks: ClassVar[bool | None] = None
+    #: also take nsj-queue-lib 1.2.2's task lock (pg_try_advisory_lock(id)), so
+    #: its workers and these share one queue; None: SQLA_QUEUE_NSJ_LOCKS
+    #: (default false). PostgreSQL only (docs/coming-from-nsj-queue-lib.md)
+    nsj_locks: ClassVar[bool | None] = None
     # --- routing by process (h14-pubsub): see sqla_queue/routing.py
     #: the ``processo`` names this worker claims (a set); None: every task
     processes: ClassVar[frozenset[str] | set[str] | None] = None
@@ -238,6 +242,7 @@ class WorkerBase(abc.ABC):
         for flag, allowed in (
             ("transaction_per_task", (True, False)),
             ("task_locks", (True, False, None)),
+            ("nsj_locks", (True, False, None)),
         ):
             value = getattr(cls, flag)
             if not any(value is choice for choice in allowed):

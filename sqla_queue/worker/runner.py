@@ -130,6 +130,7 @@ class Runner:
             channel_of(model, table),  # type: ignore[arg-type]
             task_locks=task_locks,
             claim_filter=claim_filter_of(cls),
+            nsj_locks=self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks,
         )
         self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()
