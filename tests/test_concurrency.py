@@ -210,6 +210,11 @@ def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
             lambda: any((signals / f"started-{i}").exists() for i in ids), message="a task to start"
         )
         worker.proc.send_signal(signal.SIGTERM)
+        # release the running task only once the worker has taken the signal:
+        # else, on a loaded machine, the lane could start the next task first
+        wait_until(
+            lambda: "finishing running tasks" in worker.output, message="the signal's log line"
+        )
         go.touch()
         assert worker.wait(timeout=60) == 0, worker.output
 
