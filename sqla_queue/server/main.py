@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 from sqlalchemy import Engine, Table, create_engine
 from sqlalchemy.engine import URL
@@ -25,6 +26,7 @@ from ..identifiers import validate_identifier
 from ..mixins import channel_of
 from ..redaction import redact
 from ..settings import ServerSettings, Settings, driver_error, engine_options, normalize_url
+from ..types import dialect_family
 from ..worker import WorkerBase
 from .service import QueueServer
 
@@ -55,10 +57,11 @@ def _engine(url: str | URL | None) -> Engine:
             "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
         )
     parsed, connect_args = engine_options(normalize_url(url))
+    options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
+    if dialect_family(parsed.get_backend_name()) != "sqlite":
+        options.update(pool_size=1, max_overflow=0)  # one look at a time
     try:
-        return create_engine(
-            parsed, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=connect_args
-        )
+        return create_engine(parsed, **options)
     except (ArgumentError, ImportError) as exc:
         missing = driver_error(parsed, exc)
         if missing is not None:
@@ -80,6 +83,7 @@ def serve(
     lock_port: int | None = None,
 ) -> int:
     """Run the server until SIGTERM or SIGINT; the exit status."""
+    settings.secret_bytes()  # before anything else: a server without it serves nobody
     engine = _engine(url)
     adapter = adapter_for(engine.dialect, table, channel, task_locks=False)
 
