@@ -135,8 +135,18 @@ def engine_options(url: URL) -> tuple[URL, dict[str, Any]]:
     ``prepare_threshold`` (psycopg 3): ``none`` turns off the server-side
     prepared statements psycopg makes after five runs of a statement, which
     a transaction-pooling PgBouncer before 1.21 hands to other clients
-    (docs/pgbouncer.md). psycopg would take the URL's text as is, and fail."""
+    (docs/pgbouncer.md). psycopg would take the URL's text as is, and fail.
+    A ``singlestoredb://`` URL's password goes to the connect arguments
+    (docs/singlestore.md)."""
     connect_args: dict[str, Any] = {}
+    if url.get_backend_name() == "singlestoredb" and url.password is not None:
+        # sqlalchemy-singlestoredb writes the URL back as text for its driver
+        # without quoting "/", so a password holding one fails to parse:
+        # hand the password over as a connect argument instead
+        connect_args["password"] = url.password
+        url = URL.create(
+            url.drivername, url.username, None, url.host, url.port, url.database, url.query
+        )
     raw = url.query.get("prepare_threshold")
     if raw is None:
         return url, connect_args

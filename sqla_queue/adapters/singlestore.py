@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, Engine, bindparam, event, select, update
 
 from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
@@ -70,6 +71,15 @@ class SingleStoreAdapter(MySQLAdapter):
             .values(worker_id=bindparam("owner"))
         )
 
+    def prepare_engine(self, engine: Engine) -> None:
+        """The ``singlestoredb`` driver opens connections in autocommit mode,
+        where SQLAlchemy's rollback undoes nothing: a failed handler's writes
+        would stay, and a batch's work and its ``sucesso`` would commit apart.
+        Every connection is put back in transactional mode at checkout (a
+        no-op round trip when it is already)."""
+        if not event.contains(engine, "checkout", _transactional):
+            event.listen(engine, "checkout", _transactional)
+
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
@@ -105,3 +115,10 @@ class SingleStoreAdapter(MySQLAdapter):
 
     def lock_release(self, conn: Connection, *, key: int) -> None:
         raise UnsupportedOperationError(_NO_LOCKS)
+
+
+def _transactional(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    autocommit = getattr(dbapi_connection, "autocommit", None)
+    get_autocommit = getattr(dbapi_connection, "get_autocommit", None)
+    if callable(autocommit) and callable(get_autocommit) and get_autocommit():
+        autocommit(False)
