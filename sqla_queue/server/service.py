@@ -149,7 +149,7 @@ class QueueServer:
         *,
         channel: str,
         ready_check: Callable[[], bool] | None = None,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         notify_port: int | None = None,
         lock_port: int | None = None,
     ) -> None:
