@@ -41,8 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import DeclarativeBase
@@ -52,6 +51,7 @@ from sqla_queue.adapters import adapter_for
 from sqla_queue.server import ServerConnection, ServerRoutineLock, ServerWakeups
 from sqla_queue.settings import ServerSettings, normalize_url
 
+ROOT = Path(__file__).resolve().parent.parent
 SECRET = "benchmark-secret-0123456789"
 
 
@@ -121,9 +121,11 @@ def main() -> None:
         "CHECK_TASKS_INTERVAL": "0.2",
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "sqla_queue.cli", "server", "--url", str(args.url)]
-        + ["--notify-port", str(settings.notify_port), "--lock-port", str(settings.lock_port)]
-        + ["--log-level", "WARNING"],
+        [
+            *(sys.executable, "-m", "sqla_queue.cli", "server", "--url", str(args.url)),
+            *("--notify-port", str(settings.notify_port)),
+            *("--lock-port", str(settings.lock_port), "--log-level", "WARNING"),
+        ],
         cwd=ROOT,
         env=env,
     )
