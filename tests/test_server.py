@@ -281,6 +281,22 @@ def test_server_routine_lock_satisfies_the_routine_lock_protocol(server: ServerP
         second.close()
 
 
+def test_routine_lock_takes_a_fresh_connection_after_a_server_restart(
+    mariadb: tuple[Engine, App, str],
+) -> None:
+    _, app, url = mariadb
+    with running_server(RECORDING, url, app.Task.__table__.name) as restarted:
+        routine = ServerRoutineLock(restarted.settings, client_name="routines")
+        try:
+            assert routine.try_acquire("purge")
+            restarted.kill()
+            restarted.start()  # the kept connection is dead, and the lock with it
+            assert routine.try_acquire("rescue")
+            assert routine.try_acquire("purge")
+        finally:
+            routine.close()
+
+
 def test_routine_lock_grants_nothing_when_the_server_is_away() -> None:
     from tests.queue_server import free_port
 

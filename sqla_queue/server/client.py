@@ -323,16 +323,21 @@ class ServerRoutineLock:
     def try_acquire(self, name: str) -> bool:
         lock_name(name)  # a bad name is the caller's mistake, not the server's
         with self._mutex:
-            try:
-                if self._conn is None:
-                    self._conn = ServerConnection.open(
-                        self.settings, self.settings.lock_port, client_name=self.client_name
-                    )
-                return bool(self._conn.request("lock", name=name).get("granted"))
-            except ServerUnavailable as exc:
-                self._drop()
-                logger.warning("routine lock %s not taken: %s", name, exc)
-                return False
+            # a kept connection may have died with a server restart since its
+            # last use: then one fresh connection is tried at once
+            for fresh in (self._conn is None, True):
+                try:
+                    if self._conn is None:
+                        self._conn = ServerConnection.open(
+                            self.settings, self.settings.lock_port, client_name=self.client_name
+                        )
+                    return bool(self._conn.request("lock", name=name).get("granted"))
+                except ServerUnavailable as exc:
+                    self._drop()
+                    if fresh:
+                        logger.warning("routine lock %s not taken: %s", name, exc)
+                        return False
+            return False  # not reached: the second pass returns
 
     def release(self, name: str) -> None:
         with self._mutex:

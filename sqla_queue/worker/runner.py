@@ -210,7 +210,8 @@ class Runner:
         if listener is not None:
             listener.start(self.wake)  # a queue server that refuses us stops the worker here
             ready = getattr(listener, "listening", None)
-            if ready is not None:
+            # the queue server's client connects within start(); LISTEN's thread after it
+            if ready is not None and not self.settings.server.enabled:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
         self.listener = listener
         self.heartbeat.start()
