@@ -73,12 +73,12 @@ def test_idle_workers_woken_by_the_server_run_every_task_exactly_once(
     env = cs_env(
         server, table_name, SQLA_QUEUE_POLL_INTERVAL="3600", QUEUE_WAIT_NOTIFY_INTERVAL="3600"
     )
-    with spawned("worker", RECORDING, "--url", db_url, env=env, count=3) as workers:
+    with spawned("worker", RECORDING, "--url", db_url, env=env, count=2) as workers:
         wait_until(
             lambda: all("lane(s) on" in w.output for w in workers),
             message="the workers to start",
         )
-        ids = insert_tasks(engine, app, 200)
+        ids = insert_tasks(engine, app, 100)
         wait_until(lambda: all_succeeded(engine, app, ids), timeout=60, message="every task")
         stop_gracefully(workers)
     exactly_once(engine, app, ids)
@@ -167,7 +167,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_twic
     # leases of one second: a running task taken for lost would be rescued
     # (and show up as falha_processando) long before the run ends
     env = cs_env(server, table_name, SQLA_QUEUE_TEST_LEASE="1")
-    ids = insert_tasks(engine, app, 800)
+    ids = insert_tasks(engine, app, 500)
 
     def done() -> int:
         return sum(status == "sucesso" for status in statuses(engine, app).values())
