@@ -90,6 +90,17 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
+def _settings_and_logging(log_level: str | None) -> Settings:
+    """The environment's settings, and logging at ``log_level`` (else INFO,
+    DEBUG with LOG_DEBUG=true)."""
+    settings = Settings.from_env()
+    level = log_level or ("DEBUG" if settings.log_debug else "INFO")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return settings
+
+
 def _run_worker(
     load: Callable[[], type[WorkerBase]],
     *,
@@ -102,11 +113,7 @@ def _run_worker(
     """Load the worker class, check it, and run it (the options of
     :func:`_worker_options`); exits with its status."""
     try:
-        settings = Settings.from_env()
-        level = log_level or ("DEBUG" if settings.log_debug else "INFO")
-        logging.basicConfig(
-            level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        settings = _settings_and_logging(log_level)
         cls = load()
         # before cls(): an abstract class would raise a TypeError with a traceback
         cls.check_configuration()
@@ -237,6 +244,61 @@ def alembic_init(directory: str, template: str, metadata: str | None, config_fil
         init(directory, template, config_file=config_file, metadata=metadata)
     except CommandError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("worker", required=False)
+@click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="interface to listen on (0.0.0.0: every one, for workers on other hosts)",
+)
+@click.option(
+    "--notify-port",
+    type=click.IntRange(0, 65535),
+    help="workers' wake-ups and task locks [default: NOTIFY_SERVICE_PORT, else 8770]",
+)
+@click.option(
+    "--lock-port",
+    type=click.IntRange(0, 65535),
+    help="maintenance routines' locks [default: LOCK_SERVICE_PORT, else 8970]",
+)
+@click.option(
+    "--log-level",
+    default=None,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="[default: INFO, DEBUG with LOG_DEBUG=true]",
+)
+def server(
+    worker: str | None,
+    url: str | None,
+    host: str,
+    notify_port: int | None,
+    lock_port: int | None,
+    log_level: str | None,
+) -> None:
+    """Serve wake-ups and locks to workers in client-server mode
+    (docs/client-server.md). WORKER (module:Class) names the queue; without
+    it, QUEUE_TABLE and QUEUE_NAME do. Needs SQLA_QUEUE_SERVER_SECRET."""
+    try:
+        settings = _settings_and_logging(log_level)
+        from .server.main import queue_of, serve  # only the server needs asyncio
+
+        table, channel = queue_of(load_worker(worker) if worker else None, settings)
+        code = serve(
+            table,
+            channel,
+            url or settings.url,
+            settings.server,
+            host=host,
+            notify_port=notify_port,
+            lock_port=lock_port,
+        )
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,6 +29,7 @@ __all__ = [
     "PORT",
     "WAIT_SECONDS",
     "Range",
+    "ServerSettings",
     "Settings",
     "TenantSettings",
     "database_url",
@@ -134,8 +135,18 @@ def engine_options(url: URL) -> tuple[URL, dict[str, Any]]:
     ``prepare_threshold`` (psycopg 3): ``none`` turns off the server-side
     prepared statements psycopg makes after five runs of a statement, which
     a transaction-pooling PgBouncer before 1.21 hands to other clients
-    (docs/pgbouncer.md). psycopg would take the URL's text as is, and fail."""
+    (docs/pgbouncer.md). psycopg would take the URL's text as is, and fail.
+    A ``singlestoredb://`` URL's password goes to the connect arguments
+    (docs/singlestore.md)."""
     connect_args: dict[str, Any] = {}
+    if url.get_backend_name() == "singlestoredb" and url.password is not None:
+        # sqlalchemy-singlestoredb writes the URL back as text for its driver
+        # without quoting "/", so a password holding one fails to parse:
+        # hand the password over as a connect argument instead
+        connect_args["password"] = url.password
+        url = URL.create(
+            url.drivername, url.username, None, url.host, url.port, url.database, url.query
+        )
     raw = url.query.get("prepare_threshold")
     if raw is None:
         return url, connect_args
@@ -294,6 +305,9 @@ class Settings:
     nsj_locks: bool = False
     #: multi-database tenants (MULTI_DATABASE and its companions); docs/tenants.md
     tenants: TenantSettings = field(default_factory=lambda: TenantSettings())
+    #: client-server mode and the socket server (CLIENT_SERVER_MODE and
+    #: companions); docs/client-server.md
+    server: ServerSettings = field(default_factory=lambda: ServerSettings())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -312,6 +326,7 @@ class Settings:
             task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
             nsj_locks=_flag(env, "SQLA_QUEUE_NSJ_LOCKS", default=False),
             tenants=TenantSettings.from_env(env),
+            server=ServerSettings.from_env(env),
         )
 
 
@@ -367,3 +382,84 @@ class TenantSettings:
             max_engines=int(_number(env, "SQLA_QUEUE_TENANT_ENGINES", 32, TENANT_ENGINES)),
             http_timeout_seconds=_number(env, "SQLA_QUEUE_TENANT_HTTP_TIMEOUT", 10.0, HTTP_TIMEOUT),
         )
+
+
+# ------------------------------------------------------ client-server mode
+#: seconds one protocol message may take to arrive whole, and a server to answer
+SOCKET_SECONDS = Range(0, 3600, low_open=True, unit="seconds")
+#: clients the server serves at once (the seed's MAX_CLIENT_THREADS)
+MAX_CLIENTS = Range(1, 100_000, integer=True)
+#: seconds between the server's looks at the queue (the seed's CHECK_TASKS_INTERVAL)
+CHECK_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
+#: seconds a connection may stay silent before its peer is probed
+KEEPALIVE_SECONDS = Range(1, 24 * 60 * 60, unit="seconds")
+#: a shared secret shorter than this is refused: it is all that keeps
+#: strangers from taking the locks
+SECRET_MIN_LENGTH = 16
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The socket server's variables, for the server and for its clients
+    (the workers in client-server mode). The secret stays out of ``repr``.
+
+    ``keepalive_seconds`` is the seed's ``LOCK_SERVICE_WAIT_CONN_INTERVAL``,
+    which was the lock service's select() timeout: here it is how long a
+    connection may stay silent before the server and the clients probe the
+    peer (TCP keepalive and pings), so a peer that vanished without closing
+    its socket loses its locks within about twice this."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    notify_port: int = 8770
+    lock_port: int = 8970
+    message_timeout_seconds: float = 5.0
+    max_clients: int = 50
+    check_tasks_interval_seconds: float = 15.0
+    keepalive_seconds: float = 30.0
+    secret: str | None = field(default=None, repr=False)
+    #: clients: connect with TLS (verified against the system's CAs or tls_ca)
+    tls: bool = False
+    tls_ca: str | None = None
+    #: the server: serve TLS with this certificate chain and key
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServerSettings:
+        env = os.environ if env is None else env
+        host = (env.get("SERVER_HOST") or "127.0.0.1").strip()
+        if not host or any(ch.isspace() for ch in host):
+            raise ConfigurationError(f"SERVER_HOST must be a host name, not {env['SERVER_HOST']!r}")
+        tls_ca = _first(env, "SQLA_QUEUE_SERVER_TLS_CA")
+        settings = cls(
+            enabled=_flag(env, "CLIENT_SERVER_MODE", default=False),
+            host=host,
+            notify_port=int(_number(env, "NOTIFY_SERVICE_PORT", 8770, PORT)),
+            lock_port=int(_number(env, "LOCK_SERVICE_PORT", 8970, PORT)),
+            message_timeout_seconds=_number(env, "TIMEOUT_SOCKET_MESSAGE", 5.0, SOCKET_SECONDS),
+            max_clients=int(_number(env, "MAX_CLIENT_THREADS", 50, MAX_CLIENTS)),
+            check_tasks_interval_seconds=_number(env, "CHECK_TASKS_INTERVAL", 15.0, CHECK_SECONDS),
+            keepalive_seconds=_number(
+                env, "LOCK_SERVICE_WAIT_CONN_INTERVAL", 30.0, KEEPALIVE_SECONDS
+            ),
+            secret=env.get("SQLA_QUEUE_SERVER_SECRET") or None,
+            tls=_flag(env, "SQLA_QUEUE_SERVER_TLS", default=False) or tls_ca is not None,
+            tls_ca=tls_ca,
+            tls_cert=_first(env, "SQLA_QUEUE_SERVER_TLS_CERT"),
+            tls_key=_first(env, "SQLA_QUEUE_SERVER_TLS_KEY"),
+        )
+        if settings.enabled:
+            settings.secret_bytes()  # a worker without the secret stops at start
+        return settings
+
+    def secret_bytes(self) -> bytes:
+        """The shared secret, or one line saying how to set it."""
+        secret = self.secret or ""
+        if len(secret) < SECRET_MIN_LENGTH:
+            problem = "is not set" if not secret else "is too short"
+            raise ConfigurationError(
+                f"SQLA_QUEUE_SERVER_SECRET {problem}: the queue server and its clients need "
+                f"the same secret of at least {SECRET_MIN_LENGTH} characters"
+            )
+        return secret.encode()

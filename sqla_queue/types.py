@@ -17,6 +17,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from . import ddl_singlestore  # noqa: F401  (registers SingleStore's CREATE TABLE options)
 from .exceptions import UnpreparedTaskError
 from .payload import PendingHash
 

@@ -347,7 +347,7 @@ def test_singlestore_ddl_compiles(app: App, table_name: str) -> None:
     ddl = str(CreateTable(app.Task.__table__).compile(dialect=SingleStoreDialect()))
     lines = {line.strip().rstrip(",") for line in ddl.splitlines()}
     assert {
-        f"CREATE TABLE {table_name} (",
+        f"CREATE ROWSTORE TABLE {table_name} (",
         "id BIGINT NOT NULL AUTO_INCREMENT",
         "data_hora_inicial DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)",
         "data_hora DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6)",
@@ -359,6 +359,7 @@ def test_singlestore_ddl_compiles(app: App, table_name: str) -> None:
         "dead BOOL NOT NULL DEFAULT false",
         "prioridade INTEGER DEFAULT 50",
         "PRIMARY KEY (id)",
+        "SHARD KEY (id)",
     } <= lines
     for column in SEED_COLUMNS:
         assert any(line.startswith(f"{column} ") for line in lines), column
@@ -375,7 +376,7 @@ def test_singlestore_create_all_emits_no_postgresql_ddl(app: App, table_name: st
 
     mock = create_mock_engine("singlestoredb://", collect)
     app.Task.__table__.create(mock, checkfirst=False)
-    assert statements[0].startswith(f"CREATE TABLE {table_name} (")
+    assert statements[0].startswith(f"CREATE ROWSTORE TABLE {table_name} (")
     assert sorted(statements[1:]) == sorted(
         [
             f"CREATE INDEX ix_{table_name}_status_prioridade ON {table_name} "

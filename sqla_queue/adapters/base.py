@@ -34,6 +34,7 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    exists,
     func,
     insert,
     inspect,
@@ -507,6 +508,15 @@ class Adapter:
         """``agendada`` rows whose time has come become ``pendente`` (at most
         PROMOTE_CHUNK, skipping rows another transaction has locked)."""
         return conn.execute(self._promote).rowcount
+
+    def task_ready_exists(self, conn: Connection) -> bool:
+        """Whether a claim would find work: a ready row, or a scheduled row
+        that is due (the queue server's look at the queue)."""
+        c = self.table.c
+        due = c.data_hora <= self.now()
+        pending = exists().where(*self._ready())
+        scheduled = exists().where(c.status == Status.SCHEDULED.value, due)
+        return bool(conn.execute(select(or_(pending, scheduled))).scalar())
 
     def task_next_due(self, conn: Connection) -> dt.datetime | None:
         """When the earliest ``agendada`` row becomes due (None: there is none)."""

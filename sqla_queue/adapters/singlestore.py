@@ -1,24 +1,50 @@
-"""SingleStore: the MySQL protocol without SKIP LOCKED or GET_LOCK.
+"""SingleStore: the MySQL protocol without SKIP LOCKED, GET_LOCK or NOTIFY.
 
-Claims are optimistic: read candidate ids, then a conditional
-``UPDATE ... WHERE id = :id AND status = 'pendente'`` per candidate; the row
-is ours only if the update changed it, so two workers never both win. With
-no lock that dies with a connection, a killed worker's tasks are rescued
-when their lease expires (the rescue's update is conditional on the lease it
-read, so a worker that renewed it meanwhile keeps its task).
+Claims are a conditional update that only one worker can win: read up to N
+ready rows, then ``UPDATE ... SET status = 'processando', worker_id = TOKEN
+WHERE id IN (those) AND status = 'pendente'``. A row another worker took
+between the read and the update no longer matches ``status = 'pendente'``
+(the update waits for the other's row lock and then sees the committed
+status), so two workers never both win a row; the loser gets fewer tasks.
+TOKEN is unique to this claim, so when the update changed fewer rows than it
+was given, a read of the rows holding TOKEN says which were won (the lanes
+of one process share a worker id, which could not tell them apart). A last
+update puts the worker id in place of TOKEN, in the same transaction, so no
+one else ever sees it. Three statements per claim (four under contention),
+whatever N.
+
+With no lock that dies with a connection, a killed worker's tasks are
+rescued when their lease expires; the rescue's update is conditional on the
+lease it read, so a worker that renewed it meanwhile keeps its task. Lease
+renewals are one update guarded by the claim (status and owner).
+
+Wake-ups and maintenance locks come from the queue server: a SingleStore
+worker refuses to start without ``CLIENT_SERVER_MODE`` (providers.py).
 
 Not run here: no SingleStore server is available on this machine. The DDL is
-compiled with the SingleStore dialect and this claim is run against MariaDB
-by the test suite (``test_conditional_claim_*``).
+compiled with the SingleStore dialect (``ddl_singlestore.py``), and this
+adapter's statements run against MariaDB, through both PyMySQL and the
+``singlestoredb`` driver, in the test suite (docs/singlestore.md).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, bindparam, select, update
+import uuid
+from collections.abc import Sequence
+from typing import Any
 
+from sqlalchemy import Connection, Engine, bindparam, event, select, update
+
+from ..exceptions import UnsupportedOperationError
 from ..mixins import Status
 from ..records import TaskRecord
+from .base import Adapter
 from .mysql import MySQLAdapter
+
+_NO_LOCKS = (
+    "singlestore has no GET_LOCK: maintenance locks come from the queue server "
+    "(CLIENT_SERVER_MODE, docs/singlestore.md)"
+)
 
 
 class SingleStoreAdapter(MySQLAdapter):
@@ -29,32 +55,70 @@ class SingleStoreAdapter(MySQLAdapter):
     def _prepare(self) -> None:
         super()._prepare()
         c = self.table.c
-        self._candidates = (
-            select(c.id)
-            .where(*self._ready())
-            .order_by(*self._claim_order)
-            .limit(self._limit_param())
-        )
         self._take = (
             update(self.table)
-            .where(c.id == bindparam("b_id"), c.status == Status.PENDING.value)
+            .where(self._id_in("ids"), c.status == Status.PENDING.value)
             .values(
                 status=Status.PROCESSING.value,
-                worker_id=bindparam("owner"),
+                worker_id=bindparam("token"),
                 lease_expires_at=self.lease_deadline(),
             )
         )
+        self._won = select(c.id).where(self._id_in("ids"), c.worker_id == bindparam("token"))
+        self._own = (
+            update(self.table)
+            .where(self._id_in("ids"), c.worker_id == bindparam("token"))
+            .values(worker_id=bindparam("owner"))
+        )
+
+    def prepare_engine(self, engine: Engine) -> None:
+        """The ``singlestoredb`` driver opens connections in autocommit mode,
+        where SQLAlchemy's rollback undoes nothing: a failed handler's writes
+        would stay, and a batch's work and its ``sucesso`` would commit apart.
+        Every connection is put back in transactional mode at checkout (a
+        no-op round trip when it is already)."""
+        if not event.contains(engine, "checkout", _transactional):
+            event.listen(engine, "checkout", _transactional)
 
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
-        ids = conn.execute(self._candidates, {"limit": limit}).scalars().all()
-        lease = self._lease_params(lease_seconds)
-        won = [
-            task_id
-            for task_id in ids
-            if conn.execute(self._take, {"b_id": task_id, "owner": owner, **lease}).rowcount == 1
-        ]
-        if not won:
+        result = conn.execute(self._select_ready, {"limit": limit})
+        keys = list(result.keys())
+        rows = result.all()
+        if not rows:
             return []
-        return self._fetch_records(conn, self._rows_by_id, {"ids": won})
+        ids = [row.id for row in rows]
+        token = f"claim:{uuid.uuid4().hex}"
+        params = {"ids": ids, "token": token, **self._lease_params(lease_seconds)}
+        taken = conn.execute(self._take, params).rowcount
+        if taken == 0:
+            return []
+        if taken < len(ids):  # another worker won some of them
+            won = set(conn.execute(self._won, {"ids": ids, "token": token}).scalars())
+            rows = [row for row in rows if row.id in won]
+            ids = [row.id for row in rows]
+        conn.execute(self._own, {"ids": ids, "token": token, "owner": owner})
+        return self._records(keys, rows, conn)
+
+    def task_lease_renew(
+        self, conn: Connection, *, ids: Sequence[int], owner: str, lease_seconds: float
+    ) -> int:
+        # one update guarded by the claim: without SKIP LOCKED, MySQL's
+        # read-then-update would renew a row the rescue took in between
+        return Adapter.task_lease_renew(
+            self, conn, ids=ids, owner=owner, lease_seconds=lease_seconds
+        )
+
+    def lock_try(self, conn: Connection, *, key: int) -> bool:
+        raise UnsupportedOperationError(_NO_LOCKS)
+
+    def lock_release(self, conn: Connection, *, key: int) -> None:
+        raise UnsupportedOperationError(_NO_LOCKS)
+
+
+def _transactional(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    autocommit = getattr(dbapi_connection, "autocommit", None)
+    get_autocommit = getattr(dbapi_connection, "get_autocommit", None)
+    if callable(autocommit) and callable(get_autocommit) and get_autocommit():
+        autocommit(False)

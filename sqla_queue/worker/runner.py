@@ -52,7 +52,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
-from ..adapters import Adapter, adapter_for
+from ..adapters import Adapter, adapter_for, providers
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
 from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
@@ -124,11 +124,12 @@ class Runner:
         self._check_pool()
         table = model.__table__
         task_locks = self.settings.task_locks if cls.task_locks is None else cls.task_locks
+        providers.check_dialect(dialect_family(self.engine.dialect), self.settings)
         self.adapter: Adapter = adapter_for(
             self.engine.dialect,
             table,  # type: ignore[arg-type]
             channel_of(model, table),  # type: ignore[arg-type]
-            task_locks=task_locks,
+            task_locks=providers.task_locks(task_locks, self.settings),
             claim_filter=claim_filter_of(cls),
             nsj_locks=self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks,
         )
@@ -154,6 +155,7 @@ class Runner:
         self._rescue_at = 0.0
         self._signals = 0
         self._trimmed = False
+        self.listener: Any = None
 
     def _connections_needed(self) -> int:
         # two per lane, the heartbeat's, the rescue's, a fresh one to record
@@ -205,14 +207,19 @@ class Runner:
     # ----------------------------------------------------------------- run
     def run(self) -> int:
         self._check_table()
-        self.heartbeat.start()
         listener = None
-        if self.adapter.supports_notify and not self.burst:
-            listener = self.adapter.listener(self.engine)
-            listener.start(self.wake)
+        if not self.burst:
+            listener = providers.wakeups(
+                self.adapter, self.engine, self.settings, client_name=self.worker_id
+            )
+        if listener is not None:
+            listener.start(self.wake)  # a queue server that refuses us stops the worker here
             ready = getattr(listener, "listening", None)
-            if ready is not None:
+            # the queue server's client connects within start(); LISTEN's thread after it
+            if ready is not None and not self.settings.server.enabled:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
+        self.listener = listener
+        self.heartbeat.start()
         restore = self._install_signal_handlers()
         lanes = [
             threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
@@ -378,9 +385,12 @@ class Runner:
         return self.manager.promote_due(claim_conn)
 
     def _idle_timeout(self, claim_conn: Any) -> float:
+        # the long fallback only while something will wake us: LISTEN, or the
+        # queue server, connected; else (none, or lost) poll the database
+        listening = getattr(self.listener, "listening", None)
         timeout = (
             self.settings.listen_fallback_seconds
-            if self.adapter.supports_notify
+            if listening is not None and listening.is_set()
             else self.settings.poll_interval_seconds
         )
         next_due = self.manager.next_due(claim_conn)
