@@ -107,7 +107,9 @@ def test_db_gen_prints_the_queue_and_subscriber_tables_for_postgresql() -> None:
 def test_singlestore_ddl_has_no_postgresql_parts() -> None:
     """Compiled with the SingleStore dialect only: no server runs here."""
     out = run_cli("ddl", "app", "fila", "--dialect", "singlestore").stdout
-    assert "CREATE TABLE app.fila (" in out
+    # a rowstore table sharded on its primary key (docs/singlestore.md)
+    assert "CREATE ROWSTORE TABLE app.fila (" in out
+    assert "SHARD KEY (id)" in out
     assert "AUTO_INCREMENT" in out
     assert "TRIGGER" not in out and "WHERE" not in out and "brin" not in out
 
