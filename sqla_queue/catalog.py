@@ -1013,7 +1013,7 @@ def show(effective: Effective, settings: Settings, *, width: int = 34) -> Iterab
             if hasattr(value, "describe"):
                 value = value.describe()
             elif value is None:
-                value = entry.default_text or "none"
+                value = (entry.default_text or "none").replace("`", "")
         else:
             variable = settings.environment.present.get(entry.key)
             source = variable or "default"

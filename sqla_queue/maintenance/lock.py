@@ -135,9 +135,10 @@ class DatabaseRoutineLock:
                 self._close()
 
     def close(self) -> None:
+        """Give everything back: the connection is closed for good, not
+        returned to the pool, where its session locks would outlive us."""
         with self._mutex:
-            self._held.clear()
-            self._close()
+            self._drop()
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None
