@@ -858,9 +858,13 @@ def _table_value(entry: Setting, row: TableRow) -> Any:
 
 
 def check_table(rows: Mapping[str, TableRow]) -> None:
-    """Refuse unknown setting names (a typo would be silently ignored)."""
-    for name in rows:
-        if name not in _BY_TABLE_NAME and name not in PEQ_UNUSED:
+    """Refuse unknown setting names (a typo would be silently ignored) and
+    bad values, also those that a higher source overrides."""
+    for name, row in rows.items():
+        entry = _BY_TABLE_NAME.get(name)
+        if entry is not None:
+            _table_value(entry, row)
+        elif name not in PEQ_UNUSED:
             known = ", ".join(sorted(_BY_TABLE_NAME))
             raise ConfigurationError(
                 f"queue_configuration has an unknown setting {name!r} (known: {known})"
