@@ -10,6 +10,9 @@ holder, on a connection of their own (so a worker that is killed frees its
 routines at once):
 
 - PostgreSQL: ``pg_try_advisory_lock(<queue's maintenance namespace>, <routine key>)``;
+  with per-task locks off (behind a transaction-pooling PgBouncer, where a
+  session lock leaks to whichever client next gets its server session),
+  ``pg_try_advisory_xact_lock`` in a transaction kept open while it is held;
 - MySQL, MariaDB: ``GET_LOCK('sqlaq:<hash of database and table>:m<routine key>', 0)``;
 - SQLite: the write lock (``BEGIN IMMEDIATE``) of a small lock file beside
   the database, one per queue table and routine: held, it blocks no writer
@@ -17,9 +20,8 @@ routines at once):
   An in-memory database has a single process: an in-process lock serves.
 
 Names are namespaced per queue table, so two queues never share a lock.
-Behind a transaction-pooling PgBouncer a session lock can be taken twice
-(docs/pgbouncer.md): routines then may run on two workers at once, which
-they are written to survive (each takes only rows no one else holds).
+Should a lock ever be taken twice, the routines survive running on two
+workers at once (each takes only rows no other transaction holds).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "LocalRoutineLock",
     "RoutineLock",
     "SQLiteRoutineLock",
+    "TransactionRoutineLock",
     "routine_key",
     "routine_lock_for",
 ]
@@ -69,6 +72,10 @@ def routine_key(name: str) -> int:
 def routine_lock_for(engine: Engine, adapter: Adapter) -> RoutineLock:
     """The lock a worker's routines use on this database. The one place a
     runner takes it from: a lock server plugs in here."""
+    if adapter.family == "postgresql" and not adapter.task_locks:
+        # per-task locks off: the sign of a transaction-pooling PgBouncer
+        # (docs/pgbouncer.md), behind which session locks leak
+        return TransactionRoutineLock(engine, adapter)
     if adapter.family in ("postgresql", "mysql"):
         return DatabaseRoutineLock(engine, adapter)
     if adapter.family == "sqlite":
@@ -94,6 +101,7 @@ class DatabaseRoutineLock:
         self._conn: Connection | None = None
         self._held: set[str] = set()
         self._mutex = threading.Lock()
+        self._failing = False
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
@@ -110,9 +118,13 @@ class DatabaseRoutineLock:
                 with conn.begin():
                     got = self.adapter.lock_try(conn, key=routine_key(name))
             except Exception as exc:  # the database is away: nobody runs it now
-                logger.warning("routine lock %s: %s", name, describe_error(exc))
+                # once per outage, not once a second
+                log = logger.debug if self._failing else logger.warning
+                log("routine lock %s: %s", name, describe_error(exc))
+                self._failing = True
                 self._drop()
                 return False
+            self._failing = False
             if got:
                 self._held.add(name)
             return got
@@ -153,6 +165,55 @@ class DatabaseRoutineLock:
             with contextlib.suppress(Exception):
                 conn.invalidate()
                 conn.close()
+
+
+class TransactionRoutineLock:
+    """PostgreSQL advisory locks held by an open transaction, one connection
+    per lock: behind a transaction-pooling PgBouncer an open transaction
+    keeps its server session, and ending it frees the lock wherever it is.
+    The holding connection is idle in transaction between runs; it takes no
+    snapshot, so it holds back no vacuum."""
+
+    def __init__(self, engine: Engine, adapter: Adapter) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self._held: dict[str, Connection] = {}
+        self._mutex = threading.Lock()
+
+    def try_acquire(self, name: str) -> bool:
+        with self._mutex:
+            if name in self._held:
+                return True
+        conn = None
+        try:
+            conn = self.engine.connect()
+            conn.begin()
+            postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
+            got = postgres.lock_try_transaction(conn, key=routine_key(name))
+        except Exception as exc:  # the database is away: nobody runs it now
+            logger.debug("routine lock %s: %s", name, describe_error(exc))
+            got = False
+        if not got:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            return False
+        assert conn is not None
+        with self._mutex:
+            self._held[name] = conn
+        return True
+
+    def release(self, name: str) -> None:
+        with self._mutex:
+            conn = self._held.pop(name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+                conn.close()
+
+    def close(self) -> None:
+        for name in list(self._held):
+            self.release(name)
 
 
 class SQLiteRoutineLock:

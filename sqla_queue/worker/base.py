@@ -20,10 +20,10 @@ import abc
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -85,6 +85,9 @@ class WorkerBase(abc.ABC):
     item_ttl_minutes: ClassVar[float | None] = None
     #: False: this worker runs no maintenance routine (others of the queue do)
     maintenance: ClassVar[bool | None] = None
+    #: the purge's hook, (conn, table, chain_ids), called in each chunk's
+    #: transaction before its DELETE; raising keeps the chunk (an archive)
+    purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None] = None
     #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
@@ -268,6 +271,11 @@ class WorkerBase(abc.ABC):
         # leases, backoff, time limits, maintenance: the settings catalogue's
         check_attributes(cls)
         _check_no_retry(name, cls.no_retry)
+        if cls.purge_before_delete is not None and not callable(cls.purge_before_delete):
+            raise ConfigurationError(
+                f"{name}.purge_before_delete must be a function (conn, table, chain_ids), "
+                f"not {cls.purge_before_delete!r}"
+            )
         for flag, allowed in (
             ("transaction_per_task", (True, False)),
             ("task_locks", (True, False, None)),

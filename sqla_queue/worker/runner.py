@@ -9,10 +9,10 @@ more processes: workers share nothing but the database, so any number of
 processes on any number of machines consume one queue with no central node.
 
 Idle lanes wait on one event, set by the PostgreSQL LISTEN thread when a
-task is enqueued (NOTIFY is delivered after commit), and otherwise by a
-timeout: the fallback poll (a lost notification delays a task by seconds,
-not forever), the polling interval on databases without NOTIFY, or the time
-the next scheduled task becomes due, whichever comes first.
+task is enqueued (NOTIFY is delivered after commit) and by the schedule
+routine when it promotes due scheduled tasks, and otherwise by a timeout:
+the fallback poll (a lost notification delays a task by seconds, not
+forever), or the polling interval on databases without NOTIFY.
 
 The first SIGTERM or SIGINT stops gracefully: running handlers finish, their
 batch commits, and claimed tasks not yet started go back to ``pendente``.
@@ -75,7 +75,7 @@ from ..routing import claim_filter_of
 from ..settings import Settings, engine_options, normalize_url
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter, TimeLimitExceeded
-from ..types import dialect_family, utcnow
+from ..types import dialect_family
 from .base import WorkerBase
 
 logger = logging.getLogger("sqla_queue.worker")
@@ -189,8 +189,7 @@ class Runner:
                 lease=self.lease,
                 wake=self.wake.set,
                 clock=self.clock,
-                before_delete=cls.__dict__.get("purge_before_delete")
-                or getattr(cls, "purge_before_delete", None),
+                before_delete=cls.purge_before_delete,
             ),
             self.routine_lock(),
             clock=self.clock,
@@ -496,23 +495,18 @@ class Runner:
                         continue
                     return
                 else:
-                    timeout = self._idle_timeout(claim_conn)
+                    timeout = self._idle_timeout()
                     if index == 0 and not self._trimmed:
                         self._trimmed = True
                         _return_free_memory()
                     self.wake.wait(timeout)
 
-    def _idle_timeout(self, claim_conn: Any) -> float:
-        timeout = (
-            self.settings.listen_fallback_seconds
-            if self.adapter.supports_notify
-            else self.settings.poll_interval_seconds
-        )
-        next_due = self.manager.next_due(claim_conn)
-        if next_due is not None:
-            until_due = (next_due - utcnow()).total_seconds()
-            timeout = min(timeout, max(until_due, 0.0))
-        return timeout
+    def _idle_timeout(self) -> float:
+        # due scheduled tasks: the schedule routine promotes them and sets
+        # the wake event (and, on PostgreSQL, NOTIFYs the other workers)
+        if self.adapter.supports_notify:
+            return self.settings.listen_fallback_seconds
+        return self.settings.poll_interval_seconds
 
 
 def _subscriber_table(cls: type[WorkerBase]) -> Any:
