@@ -11,7 +11,19 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Integer, bindparam, delete, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    any_,
+    bindparam,
+    cast,
+    delete,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.elements import ColumnElement
 
 from ..adapters import Adapter
 from ..mixins import Status
@@ -79,15 +91,21 @@ class MaintenanceQueries:
             .limit(limit)
         )
         family_columns = (c.id, c.id_inicial, c.dead, c.live_id, c.status, c.data_hora)
-        keys: Any = bindparam("keys", expanding=True)
         self._family = [
-            select(*family_columns).where(c.id.in_(keys)),
-            select(*family_columns).where(c.id_inicial.in_(keys)),
-            select(*family_columns).where(c.live_id.in_(keys)),
+            select(*family_columns).where(self._in(c.id, "keys")),
+            select(*family_columns).where(self._in(c.id_inicial, "keys")),
+            select(*family_columns).where(self._in(c.live_id, "keys")),
         ]
-        self._delete = delete(table).where(
-            c.id.in_(bindparam("ids", expanding=True)), c.status.in_(CLOSED_STATUSES)
-        )
+        self._delete = delete(table).where(self._in(c.id, "ids"), c.status.in_(CLOSED_STATUSES))
+
+    def _in(self, column: Any, name: str) -> ColumnElement[bool]:
+        """``column IN (:name...)``; on PostgreSQL one array parameter (a
+        thousand expanded parameters cost more to build than to run)."""
+        if self.adapter.family == "postgresql":
+            matched: ColumnElement[bool] = column == any_(cast(bindparam(name), ARRAY(BigInteger)))
+            return matched
+        expanded: ColumnElement[bool] = column.in_(bindparam(name, expanding=True))
+        return expanded
 
     # ------------------------------------------------------------ schedule
     def pending_stale_exists(self, conn: Connection, *, before: dt.datetime) -> bool:
@@ -110,7 +128,8 @@ class MaintenanceQueries:
     def purge_scan(
         self, conn: Connection, *, after: int, before: dt.datetime, limit: int
     ) -> list[tuple[int, int | None, bool, int | None]]:
-        rows = conn.execute(self._purge_scan, {"after": after, "before": before, "limit": limit})
+        params = {"after": after, "before": before, "limit": limit}
+        rows = conn.execute(self._purge_scan, params).all()
         return [(row[0], row[1], bool(row[2]), row[3]) for row in rows]
 
     def family_rows(self, conn: Connection, *, keys: Sequence[int]) -> list[FamilyRow]:
@@ -119,7 +138,7 @@ class MaintenanceQueries:
         which not every planner turns into a union."""
         seen: dict[int, FamilyRow] = {}
         for statement in self._family:
-            for row in conn.execute(statement, {"keys": list(keys)}):
+            for row in conn.execute(statement, {"keys": list(keys)}).all():
                 value: Any = row
                 seen[row[0]] = (
                     value[0],
