@@ -29,11 +29,11 @@ import time
 from typing import Any
 
 from sqlalchemy import create_engine, text
-from sqlalchemy.orm import DeclarativeBase
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from sqla_queue import QueueMixin, WorkerBase
+from benchmarks import growth
+from benchmarks.growth import Base, Task
 from sqla_queue.adapters import adapter_for
 from sqla_queue.maintenance import PurgeConfig, PurgeRoutine
 from sqla_queue.maintenance.timing import Every
@@ -41,23 +41,11 @@ from sqla_queue.settings import normalize_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-TABLE = "bench_purge"
+TABLE = growth.TABLE
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Task(QueueMixin, Base):
-    __tablename__ = TABLE
-
-
-class Noop(WorkerBase):
-    model = Task
+class Noop(growth.Noop):
     maintenance = False  # the benchmark runs the purge itself
-
-    def execute(self, payload: Any, task: Any, session: Any) -> None:
-        return None
 
 
 def _fill(engine: Any, rows: int) -> float:
@@ -96,14 +84,8 @@ def _fill(engine: Any, rows: int) -> float:
                 f"FROM {TABLE} WHERE status = 'falha'"
             )
         )
-    _vacuum(engine)
+    growth._vacuum(engine)
     return time.perf_counter() - started
-
-
-def _vacuum(engine: Any) -> None:
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"VACUUM ANALYZE {TABLE}"))
-        conn.execute(text("CHECKPOINT"))
 
 
 def _purge(engine: Any, limit: int) -> tuple[int, float]:

@@ -54,6 +54,7 @@ __all__ = [
     "ConnectionLost",
     "Handler",
     "TaskManager",
+    "carried_columns",
     "dead_letter_row",
 ]
 
@@ -455,13 +456,10 @@ class TaskManager:
         self, task: TaskRecord, next_at: Any, failed_status: str, message: str, now: Any
     ) -> dict[str, Any]:
         return {
+            **carried_columns(task),
             "id_inicial": task.chain_id,
             "data_hora_inicial": task.first_run_at,
             "data_hora": next_at,
-            "origem": task.origin,
-            "destino": task.destination,
-            "processo": task.process,
-            "chave_externa": task.external_key,
             "tentativa": task.attempt + 1,
             "status": (Status.SCHEDULED if next_at > now else Status.PENDING).value,
             "id_anterior": task.id,
@@ -469,16 +467,8 @@ class TaskManager:
             "status_anterior": failed_status,
             "mensagem_anterior": message,
             "payload": None,  # the first attempt keeps it
-            "tenant": task.tenant,
-            "grupo_empresarial": task.company_group,
-            "payload_hash": task.payload_hash,
-            "pub_sub": task.pub_sub,
-            "publication_id": task.publication_id,
-            "subscriber_id": task.subscriber_id,
             "dead": task.dead,
             "live_id": task.live_id,
-            "prioridade": task.priority,  # the reference reset it to 50
-            **task.extra,  # the user's own columns
         }
 
     # ----------------------------------------------------------- rescue
@@ -507,27 +497,36 @@ class TaskManager:
 _FAILED: Any = object()
 
 
-def dead_letter_row(task: TaskRecord) -> dict[str, Any]:
-    """The first row of ``task``'s dead-letter run: a new chain (``dead``,
-    ``live_id`` = the task's chain) with its payload, hash and priority."""
+def carried_columns(task: TaskRecord) -> dict[str, Any]:
+    """What every row that follows ``task`` keeps of it (a retry, its
+    dead-letter run, a requeued chain): its keys, routing, hash, priority
+    (the reference reset it to 50) and the user's own columns."""
     return {
         "origem": task.origin,
         "destino": task.destination,
         "processo": task.process,
         "chave_externa": task.external_key,
-        "tentativa": 1,
-        "status": Status.PENDING.value,
-        "payload": task.payload_text,  # the reference lost it on rescued tasks
         "tenant": task.tenant,
         "grupo_empresarial": task.company_group,
         "payload_hash": task.payload_hash,
         "pub_sub": task.pub_sub,
         "publication_id": task.publication_id,
         "subscriber_id": task.subscriber_id,
-        "dead": True,
-        "live_id": task.chain_id,
         "prioridade": task.priority,
         **task.extra,
+    }
+
+
+def dead_letter_row(task: TaskRecord) -> dict[str, Any]:
+    """The first row of ``task``'s dead-letter run: a new chain (``dead``,
+    ``live_id`` = the task's chain) with its payload, hash and priority."""
+    return {
+        **carried_columns(task),
+        "tentativa": 1,
+        "status": Status.PENDING.value,
+        "payload": task.payload_text,  # the reference lost it on rescued tasks
+        "dead": True,
+        "live_id": task.chain_id,
     }
 
 

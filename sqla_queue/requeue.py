@@ -28,6 +28,7 @@ from sqlalchemy import Connection, false, select, true
 
 from .adapters import Adapter
 from .exceptions import ConfigurationError
+from .manager import carried_columns
 from .mixins import Status
 from .records import TaskRecord
 
@@ -139,25 +140,14 @@ def _requeued_row(head: TaskRecord, payloads: dict[int, str | None]) -> dict[str
     if payload is None and head.live_id is not None:
         payload = payloads.get(head.live_id)
     return {
-        "origem": head.origin,
-        "destino": head.destination,
-        "processo": head.process,
-        "chave_externa": head.external_key,
+        **carried_columns(head),
         "tentativa": 1,
         "status": Status.PENDING.value,
         "payload": payload,
-        "payload_hash": head.payload_hash,
-        "tenant": head.tenant,
-        "grupo_empresarial": head.company_group,
-        "pub_sub": head.pub_sub,
-        "publication_id": head.publication_id,
-        "subscriber_id": head.subscriber_id,
         "dead": False,
         "live_id": _link(head),
         "id_anterior": head.id,
         "data_hora_anterior": head.run_at,
         "status_anterior": head.status,
         "mensagem_anterior": head.message,
-        "prioridade": head.priority,
-        **head.extra,
     }

@@ -167,38 +167,26 @@ class DatabaseRoutineLock:
                 conn.close()
 
 
-class TransactionRoutineLock:
-    """PostgreSQL advisory locks held by an open transaction, one connection
-    per lock: behind a transaction-pooling PgBouncer an open transaction
-    keeps its server session, and ending it frees the lock wherever it is.
-    The holding connection is idle in transaction between runs; it takes no
-    snapshot, so it holds back no vacuum."""
+class _TransactionPerLock:
+    """A lock per name, held by a transaction left open on a connection of
+    its own, and freed by ending it. Subclasses open and begin it."""
 
-    def __init__(self, engine: Engine, adapter: Adapter) -> None:
-        self.engine = engine
-        self.adapter = adapter
-        self._held: dict[str, Connection] = {}
+    def __init__(self) -> None:
+        self._held: dict[str, Any] = {}
         self._mutex = threading.Lock()
+
+    def _open(self, name: str) -> Any:
+        """A connection holding ``name``'s lock in its open transaction, or
+        None when someone else holds it."""
+        raise NotImplementedError
 
     def try_acquire(self, name: str) -> bool:
         with self._mutex:
             if name in self._held:
                 return True
-        conn = None
-        try:
-            conn = self.engine.connect()
-            conn.begin()
-            postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
-            got = postgres.lock_try_transaction(conn, key=routine_key(name))
-        except Exception as exc:  # the database is away: nobody runs it now
-            logger.debug("routine lock %s: %s", name, describe_error(exc))
-            got = False
-        if not got:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
+        conn = self._open(name)
+        if conn is None:
             return False
-        assert conn is not None
         with self._mutex:
             self._held[name] = conn
         return True
@@ -209,6 +197,7 @@ class TransactionRoutineLock:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.rollback()
+            with contextlib.suppress(Exception):
                 conn.close()
 
     def close(self) -> None:
@@ -216,49 +205,60 @@ class TransactionRoutineLock:
             self.release(name)
 
 
-class SQLiteRoutineLock:
+class TransactionRoutineLock(_TransactionPerLock):
+    """PostgreSQL advisory locks held by an open transaction, one connection
+    per lock: behind a transaction-pooling PgBouncer an open transaction
+    keeps its server session, and ending it frees the lock wherever it is.
+    The holding connection is idle in transaction between runs; it takes no
+    snapshot, so it holds back no vacuum."""
+
+    def __init__(self, engine: Engine, adapter: Adapter) -> None:
+        super().__init__()
+        self.engine = engine
+        self.adapter = adapter
+
+    def _open(self, name: str) -> Any:
+        conn = None
+        try:
+            conn = self.engine.connect()
+            conn.begin()
+            postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
+            if postgres.lock_try_transaction(conn, key=routine_key(name)):
+                return conn
+        except Exception as exc:  # the database is away: nobody runs it now
+            logger.debug("routine lock %s: %s", name, describe_error(exc))
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        return None
+
+
+class SQLiteRoutineLock(_TransactionPerLock):
     """SQLite's write lock on a lock file per queue table and routine."""
 
     def __init__(self, database: str, qualified_table: str) -> None:
+        super().__init__()
         self.database = database
         self.qualified_table = qualified_table
-        self._held: dict[str, sqlite3.Connection] = {}
-        self._mutex = threading.Lock()
 
     def path(self, name: str) -> Path:
         digest = zlib.crc32(f"{self.qualified_table}:{name}".encode())
         return Path(f"{self.database}-sqlaq-{digest:08x}.lock")
 
-    def try_acquire(self, name: str) -> bool:
-        with self._mutex:
-            if name in self._held:
-                return True
-            conn: Any = None
-            try:
-                conn = sqlite3.connect(
-                    self.path(name), timeout=0, isolation_level=None, check_same_thread=False
-                )
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                if conn is not None:
-                    conn.close()
-                if "locked" not in str(exc):
-                    logger.warning("routine lock %s: %s", name, exc)
-                return False
-            self._held[name] = conn
-            return True
-
-    def release(self, name: str) -> None:
-        with self._mutex:
-            conn = self._held.pop(name, None)
-        if conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                conn.rollback()
-            conn.close()
-
-    def close(self) -> None:
-        for name in list(self._held):
-            self.release(name)
+    def _open(self, name: str) -> Any:
+        conn = None
+        try:
+            conn = sqlite3.connect(
+                self.path(name), timeout=0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("BEGIN IMMEDIATE")
+            return conn
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            if "locked" not in str(exc):
+                logger.warning("routine lock %s: %s", name, exc)
+            return None
 
 
 class LocalRoutineLock:
