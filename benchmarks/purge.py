@@ -34,6 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from benchmarks import growth
 from benchmarks.growth import Base, Task
+from benchmarks.render_docs import purge_table
 from sqla_queue.adapters import adapter_for
 from sqla_queue.maintenance import PurgeConfig, PurgeRoutine
 from sqla_queue.maintenance.timing import Every
@@ -160,27 +161,7 @@ def main() -> int:
     results = pathlib.Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     (results / "purge.json").write_text(json.dumps(result, indent=1))
-    alone, under = result["purge_alone"], result["purge_under_claims"]
-    print("| measurement | result |\n|---|---|")
-    print(
-        f"| purge of {alone['rows']:,} rows, alone | {alone['rows_per_s']:,.0f} rows/s "
-        f"({alone['seconds']:.1f} s) |"
-    )
-    same_purge = result["purge_same_process"]["rows_per_s"]
-    print(
-        f"| the same purge, beside the worker (another process) | "
-        f"{under['rows_per_s']:,.0f} rows/s |"
-    )
-    print(f"| the same purge, in the worker's process | {same_purge:,.0f} rows/s |")
-    print(f"| claim rate, no purge | {result['claim_without_purge']:,.0f} tasks/s |")
-    print(
-        f"| claim rate, purge running in another process | "
-        f"{result['claim_during_purge']:,.0f} tasks/s ({result['ratio']:.2f}x) |"
-    )
-    print(
-        f"| claim rate, purge running in the worker's process | "
-        f"{result['claim_during_purge_same_process']:,.0f} tasks/s ({same:.2f}x) |"
-    )
+    print(purge_table(result))
     return 0
 
 

@@ -218,3 +218,45 @@ def test_item_delay_holds_a_new_task_back(engine: Engine, app: App, installed: N
         conn.execute(update(app.Task).values(run_at=utcnow() - dt.timedelta(hours=1, seconds=1)))
     assert app.RecordingWorker().run(engine=engine, burst=True, settings=delayed) == 0
     assert [(t.id, t.status) for t in tasks(engine, app)] == [(task_id, "sucesso")]
+
+
+# ------------------------------------------------------------------ per task
+def test_per_task_leases_and_time_limits(engine: Engine, app: App, installed: None) -> None:
+    """``lease_seconds_for`` and ``time_limit_for`` give some tasks their own;
+    a value out of range falls back to the worker's, with a warning."""
+    from sqla_queue.worker import Runner
+
+    class PerTask(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+        def lease_seconds_for(self, task: Any) -> float:
+            return {"long": 600.0, "bad": -1.0}.get(task.process, self._lease_seconds)
+
+        def time_limit_for(self, task: Any) -> float | None:
+            return 0.3 if task.process == "slow" else None
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            if task.process == "slow":
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    pass
+            return super().execute(payload, task, session)
+
+    long, bad, plain = (
+        enqueue(engine, app, {"n": n}, process=p)[0] for n, p in enumerate(("long", "bad", "x"))
+    )
+    worker = Runner(PerTask(), engine=engine, settings=Settings())
+    with worker.adapter.connect_claim(engine) as claim:
+        before = utcnow()
+        assert len(worker.manager.claim(claim, limit=3)) == 3
+    leases = {t.id: (t.lease_expires_at - before).total_seconds() for t in tasks(engine, app)}
+    assert 590 < leases[long] <= 601
+    assert 20 < leases[bad] <= 31 and 20 < leases[plain] <= 31
+    assert worker.claims.by_lease(30.0) == {600.0: [long], 30.0: [bad, plain]}
+    with engine.begin() as conn:  # back to pendente, for the run below
+        conn.execute(update(app.Task).values(status="pendente", worker_id=None))
+    [slow] = enqueue(engine, app, {"n": 9}, process="slow")
+    drain(PerTask, engine)
+    status = {t.id: (t.status, t.message or "") for t in tasks(engine, app)}
+    assert status[slow][0] == "falha" and status[slow][1].startswith("TimeLimitExceeded")
+    assert {status[i][0] for i in (long, bad, plain)} == {"sucesso"}

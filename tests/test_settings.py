@@ -163,10 +163,11 @@ def test_jitter_bounds_in_the_wrong_order_stop_the_worker(engine: Engine, app: A
 
 # ------------------------------------------------------------------ the table
 @pytest.fixture
-def configuration(engine: Engine) -> Iterator[Any]:
-    """The queue's queue_configuration table (created, dropped after)."""
+def configuration(engine: Engine, app: App) -> Iterator[Any]:
+    """The queue's configuration table (created, dropped after): the test
+    app's models name their own, so no other test's worker reads it."""
     metadata = MetaData()
-    table = configuration_table(metadata)
+    table = configuration_table(metadata, app.Task.__queue_configuration__)
     metadata.create_all(engine)
     try:
         yield table
