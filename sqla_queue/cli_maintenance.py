@@ -108,17 +108,15 @@ def requeue(
     """Requeue dead tasks of WORKER's queue: each starts a new chain with its
     payload, linked to the old one, once. Select them with --id, --process,
     --since/--until, or --all."""
-    from .requeue import requeue_dead
+    from .client import QueueClient
 
     if not (ids or process or since or until or all_dead):
         raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")
     with _runner(worker, url) as runner, runner.engine.connect() as conn:
         transaction = conn.begin()
         try:
-            done = requeue_dead(
-                conn,
-                runner.adapter,
-                ids=ids or None,
+            done = QueueClient(conn, runner.adapter.table).requeue_dead(
+                ids or None,
                 process=process,
                 since=since,
                 until=until,

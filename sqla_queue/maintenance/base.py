@@ -19,6 +19,8 @@ from typing import ClassVar
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
+from .clock import Clock, SystemClock
+from .queries import MaintenanceQueries
 from .timing import Schedule
 
 __all__ = ["Routine", "RoutineResult"]
@@ -45,10 +47,15 @@ class RoutineResult:
 class Routine(abc.ABC):
     name: ClassVar[str]
 
-    def __init__(self, engine: Engine, adapter: Adapter, schedule: Schedule) -> None:
+    def __init__(
+        self, engine: Engine, adapter: Adapter, schedule: Schedule, *, clock: Clock | None = None
+    ) -> None:
         self.engine = engine
         self.adapter = adapter
         self.schedule = schedule
+        #: the time ages are measured on (the purge's, the TTL's)
+        self.clock = clock or SystemClock()
+        self.queries = MaintenanceQueries(adapter)
         # one round at a time in this process (the start-up rescue and the
         # scheduled one share the routine), so it needs one connection at most
         self._running = threading.Lock()

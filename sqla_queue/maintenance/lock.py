@@ -93,7 +93,8 @@ def routine_lock_for(engine: Engine, adapter: Adapter) -> RoutineLock:
 
 
 class DatabaseRoutineLock:
-    """Advisory locks / GET_LOCK, held on one connection of their own."""
+    """Advisory locks / GET_LOCK, held on one connection of their own, kept
+    for the worker's life (taken from the pool once, not at every slot)."""
 
     def __init__(self, engine: Engine, adapter: Adapter) -> None:
         self.engine = engine
@@ -143,20 +144,16 @@ class DatabaseRoutineLock:
             except Exception as exc:  # the connection died, and the lock with it
                 logger.debug("routine lock %s release: %s", name, describe_error(exc))
                 self._drop()
-            if not self._held:
-                self._close()
 
     def close(self) -> None:
-        """Give everything back: the connection is closed for good, not
-        returned to the pool, where its session locks would outlive us."""
+        """Give everything back: each lock explicitly (the server frees a
+        closed connection's locks a moment later, not at once), then the
+        connection, for good: not to the pool, where a lock that could not
+        be released would outlive us."""
+        for name in list(self._held):
+            self.release(name)
         with self._mutex:
             self._drop()
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

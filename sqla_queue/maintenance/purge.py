@@ -35,8 +35,8 @@ from ..adapters import Adapter
 from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
 from ..redaction import describe_error
 from .base import Routine, RoutineResult
-from .clock import Clock, SystemClock
-from .queries import OPEN_STATUSES, FamilyRow, MaintenanceQueries, family_key
+from .clock import Clock
+from .queries import OPEN_STATUSES, FamilyRow, family_key
 from .timing import Schedule
 
 __all__ = ["BeforeDelete", "PurgeConfig", "PurgeRoutine"]
@@ -99,10 +99,8 @@ class PurgeRoutine(Routine):
         *,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(engine, adapter, schedule)
+        super().__init__(engine, adapter, schedule, clock=clock)
         self.config = config or PurgeConfig()
-        self.queries = MaintenanceQueries(adapter)
-        self.clock = clock or SystemClock()
 
     def _round(self, dry_run: bool) -> RoutineResult:
         config = self.config

@@ -22,7 +22,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..adapters import Adapter
@@ -102,6 +101,9 @@ class MaintenanceQueries:
         """``column IN (:name...)``; on PostgreSQL one array parameter (a
         thousand expanded parameters cost more to build than to run)."""
         if self.adapter.family == "postgresql":
+            # imported here: only a PostgreSQL worker loads that dialect
+            from sqlalchemy.dialects.postgresql import ARRAY
+
             matched: ColumnElement[bool] = column == any_(cast(bindparam(name), ARRAY(BigInteger)))
             return matched
         expanded: ColumnElement[bool] = column.in_(bindparam(name, expanding=True))

@@ -26,8 +26,7 @@ from ..adapters import Adapter
 from ..adapters.base import PROMOTE_CHUNK
 from ..settings import WAIT_SECONDS, Range
 from .base import Routine, RoutineResult
-from .clock import Clock, SystemClock
-from .queries import MaintenanceQueries
+from .clock import Clock
 from .timing import Schedule
 
 __all__ = ["ScheduleConfig", "ScheduleRoutine"]
@@ -60,11 +59,9 @@ class ScheduleRoutine(Routine):
         wake: Callable[[], None] | None = None,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(engine, adapter, schedule)
+        super().__init__(engine, adapter, schedule, clock=clock)
         self.config = config or ScheduleConfig()
-        self.queries = MaintenanceQueries(adapter)
         self.wake = wake
-        self.clock = clock or SystemClock()
 
     def _round(self, dry_run: bool) -> RoutineResult:
         promoted = 0
@@ -79,16 +76,22 @@ class ScheduleRoutine(Routine):
                     transaction.rollback()
                 counts = {"due": due, "stale_pending": int(stale)}
                 return RoutineResult(self.name, counts, dry_run=True)
+            stale = False
             for _ in range(self.config.max_chunks):
-                with conn.begin():
+                with conn.begin():  # one transaction a round when little is due
                     chunk = self.adapter.task_promote_due(conn)
-                promoted += chunk
-                if chunk < PROMOTE_CHUNK:
+                    promoted += chunk
+                    last = chunk < PROMOTE_CHUNK
+                    if last and not promoted:
+                        stale = self.queries.pending_stale_exists(conn, before=before)
+                    if last and (promoted or stale) and self.adapter.supports_notify:
+                        self.adapter.notify(conn)
+                if last:
                     break
-            with conn.begin():
-                stale = promoted == 0 and self.queries.pending_stale_exists(conn, before=before)
-                if (promoted or stale) and self.adapter.supports_notify:
-                    self.adapter.notify(conn)
+            else:  # the round's chunks ran out with rows still due: wake anyway
+                if self.adapter.supports_notify:
+                    with conn.begin():
+                        self.adapter.notify(conn)
         if (promoted or stale) and self.wake is not None:
             self.wake()
         return RoutineResult(self.name, {"promoted": promoted, "renotified": int(bool(stale))})

@@ -27,8 +27,7 @@ from ..mixins import MESSAGE_MAX_LENGTH, Status
 from ..redaction import fit_message
 from ..settings import Range
 from .base import Routine, RoutineResult
-from .clock import Clock, SystemClock
-from .queries import MaintenanceQueries
+from .clock import Clock
 from .timing import Schedule
 
 __all__ = ["TtlConfig", "TtlRoutine"]
@@ -68,10 +67,8 @@ class TtlRoutine(Routine):
         *,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(engine, adapter, schedule)
+        super().__init__(engine, adapter, schedule, clock=clock)
         self.config = config or TtlConfig()
-        self.queries = MaintenanceQueries(adapter)
-        self.clock = clock or SystemClock()
 
     def _round(self, dry_run: bool) -> RoutineResult:
         config = self.config
