@@ -380,6 +380,7 @@ def test_ttl_sends_a_task_pending_too_long_to_the_dead_letter(
 
 
 # ------------------------------------------------------------------ the command
+@pytest.mark.parametrize("db_url", ["mysql"], indirect=True)  # the routines run on all three
 def test_maintenance_run_command_prints_what_it_did(
     engine: Engine, app: App, db_url: str, table_name: str, installed: None
 ) -> None:

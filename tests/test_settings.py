@@ -267,6 +267,7 @@ def test_a_bad_table_row_stops_the_worker_naming_the_row(
     assert str(info.value).startswith(expected)
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # resolution runs on all three
 def test_config_show_prints_values_and_their_sources(
     engine: Engine, app: App, configuration: Any, db_url: str, table_name: str
 ) -> None:
