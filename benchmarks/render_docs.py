@@ -10,8 +10,9 @@ The page keeps its prose; every table between a pair of markers
 
 is replaced by the same run's file: ``targets`` (TARGETS.md), ``peers``
 (RESULTS.md from the pgbench floor to the latency table), ``own``
-(own_dialects.md), ``floor`` (enqueue_floor.md) and ``growth``
-(growth.json). A marker whose file is missing is left as it was, and said so.
+(own_dialects.md), ``floor`` (enqueue_floor.md), ``growth``
+(growth.json) and ``purge`` (purge.json). A marker whose file is missing
+is left as it was, and said so.
 """
 
 from __future__ import annotations
@@ -56,6 +57,29 @@ def growth_table(path: Path) -> str:
     )
 
 
+def purge_table(result: dict) -> str:  # type: ignore[type-arg]
+    """(f)'s table, from purge.json (benchmarks/purge.py prints it too)."""
+    alone, under = result["purge_alone"], result["purge_under_claims"]
+    same = result["purge_same_process"]
+    return "\n".join(
+        [
+            "| measurement | result |",
+            "|---|---|",
+            f"| purge of {alone['rows']:,} rows, alone | {alone['rows_per_s']:,.0f} rows/s "
+            f"({alone['seconds']:.1f} s) |",
+            f"| the same purge, beside the worker (another process) | "
+            f"{under['rows_per_s']:,.0f} rows/s |",
+            f"| the same purge, in the worker's process | {same['rows_per_s']:,.0f} rows/s |",
+            f"| claim rate, no purge | {result['claim_without_purge']:,.0f} tasks/s |",
+            f"| claim rate, purge running in another process | "
+            f"{result['claim_during_purge']:,.0f} tasks/s ({result['ratio']:.2f}x) |",
+            f"| claim rate, purge running in the worker's process | "
+            f"{result['claim_during_purge_same_process']:,.0f} tasks/s "
+            f"({result['ratio_same_process']:.2f}x) |",
+        ]
+    )
+
+
 def tables(results: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     read = {name: results / name for name in ("TARGETS.md", "RESULTS.md", "own_dialects.md")}
@@ -74,6 +98,8 @@ def tables(results: Path) -> dict[str, str]:
         out["floor"] = (results / "enqueue_floor.md").read_text().strip()
     if (results / "growth.json").exists():
         out["growth"] = growth_table(results / "growth.json")
+    if (results / "purge.json").exists():
+        out["purge"] = purge_table(json.loads((results / "purge.json").read_text()))
     return out
 
 

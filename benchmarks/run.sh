@@ -13,6 +13,8 @@
 # 4. the harness's report.py over results/peers -> benchmarks/results/RESULTS.md
 # 5. benchmarks/growth.py: (e) claim rate with 5M finished rows, idle worker
 #    -> benchmarks/results/growth.json
+#    benchmarks/purge.py: (f) purge of 1M finished rows, claim rate beside it
+#    -> benchmarks/results/purge.json
 # 6. benchmarks/targets.py: issue 4's targets -> benchmarks/results/TARGETS.md
 # 7. benchmarks/enqueue_floor.py: one enqueue layer by layer -> results/enqueue_floor.md
 # 8. benchmarks/render_docs.py: the tables of docs/benchmarks.md from the files above
@@ -29,6 +31,7 @@
 #                                 scale options for driver.py, also given to own_dialects.py
 #   SKIP_CLIENT=1 SKIP_OWN=1      skip step 2 / step 3
 #   SKIP_GROWTH=1                 skip step 5; GROWTH_FINISHED=n finished rows (default 5M)
+#   SKIP_PURGE=1                  skip (f) in step 5; PURGE_ROWS=n rows (default 1M)
 #   SKIP_FLOOR=1                  skip step 7
 #   SKIP_DOCS=1                   skip step 8 (a smoke run should not rewrite the docs' tables)
 #   OWN_ARGS="--dialects sqlite"  more own_dialects.py options (--poll-interval, --mysql-url)
@@ -108,6 +111,11 @@ if [ -z "${SKIP_GROWTH:-}" ]; then
   "$PY" benchmarks/growth.py --results "$RESULTS" --reps "$REPS" \
     --finished "${GROWTH_FINISHED:-5000000}" \
     || log "growth.py failed (see above)"
+fi
+if [ -z "${SKIP_PURGE:-}" ]; then
+  log "purge: ${PURGE_ROWS:-1000000} finished rows, and the claim rate beside it"
+  "$PY" benchmarks/purge.py --results "$RESULTS" --rows "${PURGE_ROWS:-1000000}" \
+    || log "purge.py failed (see above)"
 fi
 
 # 6. the issue's targets, from the files above

@@ -301,5 +301,13 @@ def server(
     sys.exit(code)
 
 
+# --- maintenance, requeue, config (h16-maint): sqla_queue/cli_maintenance.py
+from .cli_maintenance import config, maintenance, requeue  # noqa: E402
+
+main.add_command(maintenance)
+main.add_command(requeue)
+main.add_command(config)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

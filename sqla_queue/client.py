@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import Connection, Table, select
 from sqlalchemy.orm import DeclarativeBase, Session
@@ -29,6 +29,9 @@ from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
 from .types import utcnow
+
+if TYPE_CHECKING:
+    from .requeue import Requeued
 
 __all__ = ["QueueClient", "resolve_table"]
 
@@ -258,6 +261,39 @@ class QueueClient:
                 for position, new_id in zip(positions, new_ids, strict=True):
                     ids[position] = new_id
         return ids
+
+    # ------------------------------------------------------------- dead letter
+    def requeue_dead(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        process: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        all_dead: bool = False,
+        limit: int = 10_000,
+        dry_run: bool = False,
+    ) -> list[Requeued]:
+        """Run dead tasks again: each matching dead-letter run's task gets a
+        new chain (``pendente``, attempt 1, its payload kept) linked to the
+        old one by ``id_anterior`` and ``live_id``; a task is requeued once.
+        ``ids`` are dead-letter rows' or original tasks' ids; ``since`` and
+        ``until`` bound when the task went dead. Returns what was (with
+        ``dry_run``: would be) requeued. In the caller's transaction."""
+        from .requeue import requeue_dead
+
+        conn = self.connection
+        return requeue_dead(
+            conn,
+            self._adapter(conn),
+            ids=ids,
+            process=process,
+            since=since,
+            until=until,
+            all_dead=all_dead,
+            limit=limit,
+            dry_run=dry_run,
+        )
 
     # ------------------------------------------------------------- queries
     def list_equivalent_task(

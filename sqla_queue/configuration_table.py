@@ -8,12 +8,18 @@ PEQ (Postgres Enterprise Queue) keeps a queue's tunable settings in
     class QueueConfiguration(ConfigurationMixin, Base):
         __tablename__ = "queue_configuration"
 
-This module is the table only: the rows a new table starts with
-(``__configuration_rows__``, PEQ's documented defaults unless the model says
-otherwise) are written by ``sqla-queue ddl --config-table`` and by the
-alembic operation ``insert_queue_settings``, never updated afterwards (the
-values belong to the operators). How workers read them is the settings
-module's business.
+Creating it: the mixin, ``configuration_table(metadata)``, ``sqla-queue ddl
+--config-table`` or the alembic operation ``insert_queue_settings``. The
+rows a new table starts with (``__configuration_rows__``, PEQ's documented
+defaults unless the model says otherwise) are written once, never updated
+afterwards: the values belong to the operators.
+
+Reading it: workers read the table named ``queue_configuration`` in the
+queue table's schema, or the name the model gives as
+``__queue_configuration__`` (when several queues share a schema), at start.
+A row's ``unit`` converts its value (``2`` ``hours`` for a setting in
+seconds is 7200); ``casted_as`` and ``note`` are for people. The settings it
+may hold, and their precedence, are in ``catalog.py``.
 """
 
 from __future__ import annotations
@@ -23,22 +29,28 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import String, Table, Text, event
+from sqlalchemy import Column, Connection, MetaData, String, Table, Text, event, inspect, select
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
-from .identifiers import validate_identifier
+from .catalog import TableRow
+from .identifiers import split_table_name, validate_identifier
 from .types import UtcDateTime, utc_now
 
 __all__ = [
+    "CONFIGURATION_TABLE",
     "CONFIGURATION_TABLE_NAME",
     "PEQ_SETTINGS",
     "ConfigurationMixin",
     "SettingRow",
     "configuration_rows",
+    "configuration_table",
+    "configuration_table_of",
+    "read_rows",
 ]
 
 CONFIGURATION_TABLE_NAME = "queue_configuration"
 """PEQ's name for the table (one per schema, as PEQ has one schema per queue)."""
+CONFIGURATION_TABLE = CONFIGURATION_TABLE_NAME
 
 
 class SettingRow(TypedDict):
@@ -189,3 +201,48 @@ def configuration_rows(table: Table) -> tuple[SettingRow, ...] | None:
     """The rows a new configuration table starts with; None when ``table`` is
     not a ``ConfigurationMixin`` model's table."""
     return _ROWS.get(table)
+
+
+def configuration_table(
+    metadata: MetaData, name: str = CONFIGURATION_TABLE, *, schema: str | None = None
+) -> Table:
+    """The ``queue_configuration`` table in ``metadata`` (made once)."""
+    key = f"{schema}.{name}" if schema else name
+    if key in metadata.tables:
+        return metadata.tables[key]
+    return Table(
+        name,
+        metadata,
+        Column("setting_name", String(100), primary_key=True),
+        Column("value", String(500)),
+        Column("unit", String(20)),
+        Column("casted_as", String(20), server_default="INTEGER"),
+        Column("note", Text),
+        Column("modified_on", UtcDateTime, server_default=utc_now()),
+        schema=schema,
+    )
+
+
+def configuration_table_of(model: Any) -> Table:
+    """The configuration table a queue model names (validated), in a
+    MetaData of its own: reading it never touches the application's."""
+    table: Table = model.__table__
+    named = getattr(model, "__queue_configuration__", None)
+    if named is None:
+        schema, name = table.schema, CONFIGURATION_TABLE
+    else:
+        schema, name = split_table_name(named)
+        schema = schema or table.schema
+    return configuration_table(MetaData(), name, schema=schema)
+
+
+def read_rows(conn: Connection, table: Table) -> dict[str, TableRow] | None:
+    """The table's rows by setting name; None when the table does not exist."""
+    if not inspect(conn).has_table(table.name, schema=table.schema):
+        return None
+    c = table.c
+    rows = conn.execute(select(c.setting_name, c.value, c.unit, c.casted_as, c.note))
+    return {
+        str(name): TableRow(str(name), value, unit, casted_as, note)
+        for name, value, unit, casted_as, note in rows
+    }

@@ -79,19 +79,38 @@ class Claims:
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self._ids: set[int] = set()
+        #: tasks whose lease is not the worker's (WorkerBase.lease_seconds_for)
+        self._leases: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def add(self, ids: Iterable[int]) -> None:
         with self._lock:
             self._ids.update(ids)
 
+    def set_lease(self, ids: Iterable[int], seconds: float) -> None:
+        with self._lock:
+            for task_id in ids:
+                if task_id in self._ids:
+                    self._leases[task_id] = seconds
+
     def discard(self, ids: Iterable[int]) -> None:
         with self._lock:
             self._ids.difference_update(ids)
+            if self._leases:
+                for task_id in ids:
+                    self._leases.pop(task_id, None)
 
     def snapshot(self) -> list[int]:
         with self._lock:
             return sorted(self._ids)
+
+    def by_lease(self, default: float) -> dict[float, list[int]]:
+        """The held ids grouped by their lease in seconds."""
+        with self._lock:
+            groups: dict[float, list[int]] = {}
+            for task_id in sorted(self._ids):
+                groups.setdefault(self._leases.get(task_id, default), []).append(task_id)
+            return groups
 
 
 class Heartbeat:
@@ -119,16 +138,24 @@ class Heartbeat:
             self._thread.join(timeout=10)
 
     def renew_once(self) -> int:
-        ids = self.claims.snapshot()
-        if not ids:
+        groups = self.claims.by_lease(self.policy.seconds)
+        if not groups:
             return 0
+        renewed = 0
         with self.adapter.connect_claim(self.engine) as conn, conn.begin():
-            return self.adapter.task_lease_renew(
-                conn, ids=ids, owner=self.claims.owner, lease_seconds=self.policy.seconds
-            )
+            for seconds, ids in groups.items():
+                renewed += self.adapter.task_lease_renew(
+                    conn, ids=ids, owner=self.claims.owner, lease_seconds=seconds
+                )
+        return renewed
+
+    def _period(self) -> float:
+        """A third of the shortest lease held (tasks may have their own)."""
+        shortest = min(self.claims.by_lease(self.policy.seconds), default=self.policy.seconds)
+        return min(shortest, self.policy.seconds) / 3
 
     def _run(self) -> None:
-        while not self._stop.wait(self.policy.heartbeat_seconds):
+        while not self._stop.wait(self._period()):
             try:
                 self.renew_once()
                 self.beat.set()

@@ -39,20 +39,32 @@ from .adapters import Adapter
 from .mixins import MESSAGE_MAX_LENGTH, Status
 from .records import TaskRecord
 from .redaction import describe_error, fit_message, redact
-from .retry import LinearBackoff
+from .retry import LinearBackoff, RetryPolicy
+from .timelimit import TimeLimitExceeded
 from .types import utcnow
 
 if TYPE_CHECKING:
     from .fanout import FanOut
     from .leases import Claims, LeasePolicy
+    from .timelimit import TimeLimiter
     from .worker.webhook import WebhookStage
 
-__all__ = ["BatchResult", "ClaimLost", "ConnectionLost", "Handler", "TaskManager"]
+__all__ = [
+    "BatchResult",
+    "ClaimLost",
+    "ConnectionLost",
+    "Handler",
+    "TaskManager",
+    "carried_columns",
+    "dead_letter_row",
+]
 
 logger = logging.getLogger("sqla_queue.manager")
 
 RETRY_SUFFIX = ". Tarefa reenfileirada."
 EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
+#: an exception the worker class declared not worth retrying (``no_retry``)
+NO_RETRY_SUFFIX = ". Falha sem nova tentativa: enviada à fila de mortos."
 RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
 
 Handler = Callable[[TaskRecord, Session], Any]
@@ -93,21 +105,30 @@ class TaskManager:
     def __init__(
         self,
         adapter: Adapter,
-        backoff: LinearBackoff | None = None,
+        backoff: RetryPolicy | None = None,
         *,
         claims: Claims,
         lease: LeasePolicy,
         fanout: FanOut | None = None,
         stage: WebhookStage | None = None,
+        no_retry: tuple[type[BaseException], ...] = (),
+        time_limiter: TimeLimiter | None = None,
+        lease_for: Callable[[TaskRecord], float] | None = None,
     ) -> None:
         self.adapter = adapter
+        #: exceptions that send a task straight to its dead-letter run
+        self.no_retry = no_retry
+        #: runs handlers under their time limit (timelimit.py); None: no limit
+        self.time_limiter = time_limiter
+        #: a task's own lease, where the worker gives tasks different ones
+        self.lease_for = lease_for
         #: runs claimed publications (pub_sub, not dead) instead of the
         #: handler, in the same savepoint and batch transaction (fanout.py)
         self.fanout = fanout
         #: makes a batch's webhook calls before its transaction opens, and
         #: answers for those copies inside it (worker/webhook.py)
         self.stage = stage
-        self.backoff = backoff or LinearBackoff()
+        self.backoff: RetryPolicy = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
         self.lease = lease
@@ -119,7 +140,25 @@ class TaskManager:
                 conn, limit=limit, owner=self.owner, lease_seconds=self.lease.seconds
             )
         self.claims.add(task.id for task in tasks)
+        if self.lease_for is not None and tasks:
+            self._own_leases(conn, tasks)
         return tasks
+
+    def _own_leases(self, conn: Connection, tasks: Sequence[TaskRecord]) -> None:
+        """Give the tasks whose lease differs from the worker's their own,
+        now and at every heartbeat."""
+        assert self.lease_for is not None
+        by_lease: dict[float, list[int]] = {}
+        for task in tasks:
+            seconds = self.lease_for(task)
+            if seconds != self.lease.seconds:
+                by_lease.setdefault(seconds, []).append(task.id)
+        for seconds, ids in by_lease.items():
+            self.claims.set_lease(ids, seconds)
+            with conn.begin():
+                self.adapter.task_lease_renew(
+                    conn, ids=ids, owner=self.owner, lease_seconds=seconds
+                )
 
     def promote_due(self, conn: Connection) -> int:
         with conn.begin():
@@ -151,6 +190,8 @@ class TaskManager:
             handler = self.stage.wrap(handler)
         if self.fanout is not None:
             handler = self.fanout.wrap(handler)
+        if self.time_limiter is not None:
+            handler = self.time_limiter.wrap(handler, work_conn)
         try:
             if self.stage is not None and self.stage.prepare(work_conn, tasks):
                 called, should_stop = True, _never
@@ -298,7 +339,8 @@ class TaskManager:
                     raise ConnectionLost(task) from exc
                 raise
             error = describe_error(exc)
-            if self.record_failure(conn, task, error):
+            retry = not isinstance(exc, self.no_retry)
+            if self.record_failure(conn, task, error, retry=retry):
                 logger.warning(
                     "%s failed: %s%s",
                     task_label(task),
@@ -340,7 +382,9 @@ class TaskManager:
         consumed (a failure and its retry or dead letter), the others go back
         to ``pendente``. All guarded by the claim, on a fresh connection."""
         error = "connection to the database lost while the task ran"
-        if cause is not None:
+        if isinstance(cause, TimeLimitExceeded):  # abandoned with its connection
+            error = describe_error(cause)
+        elif cause is not None:
             error = f"{error}: {describe_error(cause)}"
         others = [task.id for task in tasks if task is not culprit]
         try:
@@ -368,15 +412,22 @@ class TaskManager:
 
     # ----------------------------------------------------------- failures
     def record_failure(
-        self, conn: Connection, task: TaskRecord, error: str, *, rescued: bool = False
+        self,
+        conn: Connection,
+        task: TaskRecord,
+        error: str,
+        *,
+        rescued: bool = False,
+        retry: bool = True,
     ) -> bool:
         """Mark the attempt failed and enqueue what follows it: the next
-        attempt, or, past the maximum, a dead-letter run. Guarded by the
-        claim (this worker's, or for the rescue the lease it found expired):
-        False, and nothing written, when the task is no longer that claim's."""
+        attempt, or, past the maximum (or with ``retry`` false: an error
+        not worth retrying), a dead-letter run. Guarded by the claim (this
+        worker's, or for the rescue the lease it found expired): False, and
+        nothing written, when the task is no longer that claim's."""
         now = utcnow()
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
-        next_at = self.backoff.next_attempt_at(task.attempt, now)
+        next_at = self.backoff.next_attempt_at(task.attempt, now) if retry else None
         if next_at is not None:
             message = fit_message(error, MESSAGE_MAX_LENGTH, RETRY_SUFFIX)
             values = {
@@ -391,7 +442,8 @@ class TaskManager:
                 conn, rows=[self._retry_row(task, next_at, failed_status, message, now)]
             )
             return True
-        message = fit_message(error, MESSAGE_MAX_LENGTH, EXHAUSTED_SUFFIX)
+        suffix = EXHAUSTED_SUFFIX if retry else NO_RETRY_SUFFIX
+        message = fit_message(error, MESSAGE_MAX_LENGTH, suffix)
         values = {"status": failed_status, "estouro_tentativas": True, "mensagem": message}
         if not self._update_claimed(conn, task, values, rescued=rescued):
             return False
@@ -403,7 +455,7 @@ class TaskManager:
                 failed_status,
             )
             return True
-        self.adapter.task_insert_many(conn, rows=[self._dead_row(task)])
+        self.adapter.task_insert_many(conn, rows=[dead_letter_row(task)])
         logger.warning("%s exhausted its attempts: dead-letter run enqueued", task_label(task))
         return True
 
@@ -427,13 +479,10 @@ class TaskManager:
         self, task: TaskRecord, next_at: Any, failed_status: str, message: str, now: Any
     ) -> dict[str, Any]:
         return {
+            **carried_columns(task),
             "id_inicial": task.chain_id,
             "data_hora_inicial": task.first_run_at,
             "data_hora": next_at,
-            "origem": task.origin,
-            "destino": task.destination,
-            "processo": task.process,
-            "chave_externa": task.external_key,
             "tentativa": task.attempt + 1,
             "status": (Status.SCHEDULED if next_at > now else Status.PENDING).value,
             "id_anterior": task.id,
@@ -441,37 +490,8 @@ class TaskManager:
             "status_anterior": failed_status,
             "mensagem_anterior": message,
             "payload": None,  # the first attempt keeps it
-            "tenant": task.tenant,
-            "grupo_empresarial": task.company_group,
-            "payload_hash": task.payload_hash,
-            "pub_sub": task.pub_sub,
-            "publication_id": task.publication_id,
-            "subscriber_id": task.subscriber_id,
             "dead": task.dead,
             "live_id": task.live_id,
-            "prioridade": task.priority,  # the reference reset it to 50
-            **task.extra,  # the user's own columns
-        }
-
-    def _dead_row(self, task: TaskRecord) -> dict[str, Any]:
-        return {
-            "origem": task.origin,
-            "destino": task.destination,
-            "processo": task.process,
-            "chave_externa": task.external_key,
-            "tentativa": 1,
-            "status": Status.PENDING.value,
-            "payload": task.payload_text,  # the reference lost it on rescued tasks
-            "tenant": task.tenant,
-            "grupo_empresarial": task.company_group,
-            "payload_hash": task.payload_hash,
-            "pub_sub": task.pub_sub,
-            "publication_id": task.publication_id,
-            "subscriber_id": task.subscriber_id,
-            "dead": True,
-            "live_id": task.chain_id,
-            "prioridade": task.priority,
-            **task.extra,
         }
 
     # ----------------------------------------------------------- rescue
@@ -502,6 +522,39 @@ _FAILED: Any = object()
 
 def _never() -> bool:
     return False
+
+
+def carried_columns(task: TaskRecord) -> dict[str, Any]:
+    """What every row that follows ``task`` keeps of it (a retry, its
+    dead-letter run, a requeued chain): its keys, routing, hash, priority
+    (the reference reset it to 50) and the user's own columns."""
+    return {
+        "origem": task.origin,
+        "destino": task.destination,
+        "processo": task.process,
+        "chave_externa": task.external_key,
+        "tenant": task.tenant,
+        "grupo_empresarial": task.company_group,
+        "payload_hash": task.payload_hash,
+        "pub_sub": task.pub_sub,
+        "publication_id": task.publication_id,
+        "subscriber_id": task.subscriber_id,
+        "prioridade": task.priority,
+        **task.extra,
+    }
+
+
+def dead_letter_row(task: TaskRecord) -> dict[str, Any]:
+    """The first row of ``task``'s dead-letter run: a new chain (``dead``,
+    ``live_id`` = the task's chain) with its payload, hash and priority."""
+    return {
+        **carried_columns(task),
+        "tentativa": 1,
+        "status": Status.PENDING.value,
+        "payload": task.payload_text,  # the reference lost it on rescued tasks
+        "dead": True,
+        "live_id": task.chain_id,
+    }
 
 
 def _connection_lost(conn: Connection, exc: BaseException) -> bool:

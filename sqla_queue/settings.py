@@ -16,12 +16,15 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError
 
 from .exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from .catalog import QueueEnvironment
 
 __all__ = [
     "BASE_INTERVAL_MINUTES",
@@ -308,6 +311,9 @@ class Settings:
     #: client-server mode and the socket server (CLIENT_SERVER_MODE and
     #: companions); docs/client-server.md
     server: ServerSettings = field(default_factory=lambda: ServerSettings())
+    #: the settings catalogue's variables as set (leases, backoff, maintenance...),
+    #: checked when read; resolved with the queue_configuration table (catalog.py)
+    environment: QueueEnvironment = field(default_factory=lambda: _queue_environment({}))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -327,7 +333,14 @@ class Settings:
             nsj_locks=_flag(env, "SQLA_QUEUE_NSJ_LOCKS", default=False),
             tenants=TenantSettings.from_env(env),
             server=ServerSettings.from_env(env),
+            environment=_queue_environment(env),
         )
+
+
+def _queue_environment(env: Mapping[str, str]) -> QueueEnvironment:
+    from .catalog import QueueEnvironment  # the catalogue imports this module's ranges
+
+    return QueueEnvironment.from_env(env)
 
 
 # ------------------------------------------------------ multi-database tenants

@@ -36,6 +36,9 @@ def build(table: str) -> App:
 
     class Task(QueueMixin, Base):
         __tablename__ = table
+        # each test's own: a queue_configuration that one test fills must not
+        # configure the workers of tests running beside it on a shared server
+        __queue_configuration__ = f"{table}_configuration"
 
     class Effect(Base):
         """One row per handler run: what 'exactly once' is checked against."""

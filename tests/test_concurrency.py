@@ -375,11 +375,13 @@ def test_idle_worker_wakes_on_notify(
             timeout=10,
             message="the worker to LISTEN",
         )
-        # the lane's last query before it waits is the next-due look-up
+        # the lane's last query before it waits is its claim (the only
+        # statement that sets a lease from the database's clock)
         wait_until(
             lambda: activity(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' "
-                "AND query LIKE 'SELECT min(' || :table || '.data_hora)%'"
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE "
+                "'UPDATE ' || :table || "
+                "' SET status=%worker_id=%lease_expires_at=(clock_timestamp()%'"
             ),
             timeout=15,
             message="the worker to go idle",

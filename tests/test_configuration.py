@@ -185,7 +185,7 @@ def test_an_engine_whose_pool_cannot_hold_the_lanes_is_refused(tmp_path: Path) -
         with pytest.raises(ConfigurationError) as error:
             RecordingWorker().run(engine=engine, concurrency=7, settings=Settings())
         assert str(error.value) == (
-            "the engine's pool allows 15 connections and 7 lane(s) need 17: "
+            "the engine's pool allows 15 connections and 7 lane(s) need 21: "
             "lower --concurrency or raise pool_size/max_overflow"
         )
     finally:

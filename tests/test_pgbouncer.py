@@ -92,3 +92,35 @@ def test_workers_behind_pgbouncer_run_every_task_once(
         )
         stop_gracefully(workers)
     assert sorted(task_id for task_id, _, _ in effects(engine, app)) == ids
+
+
+@postgresql
+def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
+    engine: Engine, app: App, pgbouncer_factory: Callable[..., PgBouncer]
+) -> None:
+    """With per-task locks off (the PgBouncer set-up), routine locks are
+    advisory locks of an open transaction: a session lock would stay on
+    whichever server session took it, and never be freed."""
+    from sqla_queue.maintenance.lock import TransactionRoutineLock
+    from sqla_queue.settings import Settings
+    from sqla_queue.worker import Runner
+
+    bouncer = pgbouncer_factory("transaction", pool_size=4)
+    pooled = bouncer.engine()
+    env = Settings.from_env({"SQLA_QUEUE_TASK_LOCKS": "false"})
+    first, second = (
+        Runner(app.RecordingWorker(), engine=pooled, settings=env).routine_lock() for _ in "ab"
+    )
+    try:
+        assert isinstance(first, TransactionRoutineLock)
+        for _ in range(3):  # taken, refused to the other, freed: again and again
+            assert first.try_acquire("purge")
+            assert not second.try_acquire("purge")
+            first.release("purge")
+            assert second.try_acquire("purge")
+            assert not first.try_acquire("purge")
+            second.release("purge")
+    finally:
+        first.close()
+        second.close()
+        pooled.dispose()

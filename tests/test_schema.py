@@ -164,7 +164,12 @@ def test_mysql_column_types(engine: Engine, table_name: str) -> None:
 # --------------------------------------------------------------- indexes
 def test_claim_indexes_exist(engine: Engine, table_name: str) -> None:
     names = {index["name"] for index in inspect(engine).get_indexes(table_name)}
-    common = {f"ix_{table_name}_equivalente", f"ix_{table_name}_data_hora"}
+    common = {
+        f"ix_{table_name}_equivalente",
+        f"ix_{table_name}_data_hora",
+        f"ix_{table_name}_inicial",
+        f"ix_{table_name}_live",
+    }
     if engine.dialect.name in ("postgresql", "sqlite"):
         expected = common | {
             f"ix_{table_name}_{s}"
@@ -204,6 +209,8 @@ def test_postgresql_partial_indexes(engine: Engine, table_name: str) -> None:
         "(chave_externa, payload_hash, status) WHERE (payload_hash IS NOT NULL)"
     )
     assert "USING brin (data_hora)" in rows[f"ix_{table_name}_data_hora"]
+    assert rows[f"ix_{table_name}_inicial"].endswith("(id_inicial) WHERE (id_inicial IS NOT NULL)")
+    assert rows[f"ix_{table_name}_live"].endswith("(live_id) WHERE (live_id IS NOT NULL)")
 
 
 @postgresql_only
@@ -389,6 +396,8 @@ def test_singlestore_create_all_emits_no_postgresql_ddl(app: App, table_name: st
             f"CREATE INDEX ix_{table_name}_equivalente ON {table_name} "
             "(chave_externa, payload_hash, status)",
             f"CREATE INDEX ix_{table_name}_data_hora ON {table_name} (data_hora)",
+            f"CREATE INDEX ix_{table_name}_inicial ON {table_name} (id_inicial)",
+            f"CREATE INDEX ix_{table_name}_live ON {table_name} (live_id)",
         ]
     )
     assert not any("TRIGGER" in s or "FUNCTION" in s or "WHERE" in s for s in statements)

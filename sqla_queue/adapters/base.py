@@ -75,9 +75,21 @@ class ClaimFilter:
     processes: frozenset[str] | None = None
     subscriber_ids: frozenset[str] | None = None
     all_subscribers: bool = False
+    #: a row is ready only this many seconds after its time (PEQ's item_delay)
+    delay_seconds: float = 0.0
 
     def predicate(self, table: Table) -> ColumnElement[bool] | None:
         """The WHERE condition, or None when every row qualifies."""
+        routed = self._routed(table)
+        if not self.delay_seconds:
+            return routed
+        delay = dt.timedelta(seconds=self.delay_seconds)
+        delayed = table.c.data_hora <= bindparam(
+            "ready_before", callable_=lambda: utcnow() - delay, type_=UtcDateTime()
+        )
+        return delayed if routed is None else and_(routed, delayed)
+
+    def _routed(self, table: Table) -> ColumnElement[bool] | None:
         c = table.c
         by_process = None if self.processes is None else c.processo.in_(sorted(self.processes))
         if self.subscriber_ids is None and not self.all_subscribers:

@@ -342,6 +342,16 @@ class PostgresAdapter(Adapter):
             {"ns": self.maintenance_lock_namespace, "key": key},
         )
 
+    def lock_try_transaction(self, conn: Connection, *, key: int) -> bool:
+        """Like lock_try, held until ``conn``'s transaction ends: the form a
+        transaction-pooling PgBouncer keeps on one server session."""
+        return bool(
+            conn.execute(
+                text("SELECT pg_try_advisory_xact_lock(:ns, :key)"),
+                {"ns": self.maintenance_lock_namespace, "key": key},
+            ).scalar()
+        )
+
     def notify(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_notify(:channel, '')"), {"channel": self.channel})
 

@@ -20,15 +20,15 @@ import abc
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from ..catalog import check_attributes
 from ..exceptions import ConfigurationError
-from ..leases import LEASE_SECONDS
 from ..mixins import QueueMixin
 from ..records import TaskRecord
 from ..retry import LinearBackoff
@@ -63,8 +63,31 @@ class WorkerBase(abc.ABC):
     #: row-level-security tenant switch) that the next task must not inherit
     transaction_per_task: ClassVar[bool] = False
     #: seconds a claim lasts without a heartbeat (renewed every third of it
-    #: while the handler runs); a dead worker's task is rescued after it
-    lease_seconds: ClassVar[float] = 30.0
+    #: while the handler runs); a dead worker's task is rescued after it.
+    #: None: SQLA_QUEUE_LEASE_SECONDS, queue_configuration.lease_duration, 30
+    lease_seconds: ClassVar[float | None] = None
+    # --- retries, limits and maintenance (docs/configuration.md; None: the
+    # environment's value, else queue_configuration's, else the default)
+    #: "linear" (the seed's) or "exponential" (PEQ's, with jitter)
+    backoff_policy: ClassVar[str | None] = None
+    backoff_base_seconds: ClassVar[float | None] = None
+    backoff_factor: ClassVar[float | None] = None
+    backoff_jitter_min_seconds: ClassVar[float | None] = None
+    backoff_jitter_max_seconds: ClassVar[float | None] = None
+    #: exceptions not worth retrying: a task that raises one goes straight
+    #: to its dead-letter run
+    no_retry: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: seconds a handler may run before it is abandoned (timelimit.py)
+    time_limit_seconds: ClassVar[float | None] = None
+    #: seconds a task waits after its time before it may be claimed
+    item_delay_seconds: ClassVar[float | None] = None
+    #: minutes a task may stay pendente after its time (0: forever)
+    item_ttl_minutes: ClassVar[float | None] = None
+    #: False: this worker runs no maintenance routine (others of the queue do)
+    maintenance: ClassVar[bool | None] = None
+    #: the purge's hook, (conn, table, chain_ids), called in each chunk's
+    #: transaction before its DELETE; raising keeps the chunk (an archive)
+    purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None] = None
     #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
@@ -85,6 +108,9 @@ class WorkerBase(abc.ABC):
     tenant_resolver: ClassVar[TenantResolver | None] = None
     #: the tenant engines while a runner runs this worker (open_tenants)
     _tenant_engines: TenantEngines | None = None
+    #: the effective lease and time limit, set by the runner
+    _lease_seconds: float = 30.0
+    _time_limit_seconds: float | None = None
 
     @abc.abstractmethod
     def execute(self, payload: Any, task: TaskRecord, session: Session) -> str | None:
@@ -116,6 +142,19 @@ class WorkerBase(abc.ABC):
             return handler(task.payload, task, session)  # type: ignore[no-any-return]
         with self.tenant_session(task) as tenant_session:
             return handler(task.payload, task, session, tenant_session)  # type: ignore[no-any-return]
+
+    def lease_seconds_for(self, task: TaskRecord) -> float:
+        """The lease of one task, in seconds. Override for per-task leases
+        (by process, by payload); the default is the worker's
+        (``lease_seconds``, ``SQLA_QUEUE_LEASE_SECONDS``,
+        ``queue_configuration.lease_duration``)."""
+        return self._lease_seconds
+
+    def time_limit_for(self, task: TaskRecord) -> float | None:
+        """The time limit of one task, in seconds (None: none). Override for
+        per-task limits; the default is the worker's (``time_limit_seconds``,
+        ``SQLA_QUEUE_TIME_LIMIT``, ``queue_configuration.time_limit``)."""
+        return self._time_limit_seconds
 
     @contextlib.contextmanager
     def tenant_session(self, task: TaskRecord) -> Iterator[Session]:
@@ -238,7 +277,14 @@ class WorkerBase(abc.ABC):
             )
         BATCH_SIZE.check(f"{name}.batch_size", cls.batch_size)
         BATCH_SECONDS.check(f"{name}.batch_seconds", cls.batch_seconds)
-        LEASE_SECONDS.check(f"{name}.lease_seconds", cls.lease_seconds)
+        # leases, backoff, time limits, maintenance: the settings catalogue's
+        check_attributes(cls)
+        _check_no_retry(name, cls.no_retry)
+        if cls.purge_before_delete is not None and not callable(cls.purge_before_delete):
+            raise ConfigurationError(
+                f"{name}.purge_before_delete must be a function (conn, table, chain_ids), "
+                f"not {cls.purge_before_delete!r}"
+            )
         for flag, allowed in (
             ("transaction_per_task", (True, False)),
             ("task_locks", (True, False, None)),
@@ -306,3 +352,12 @@ class WorkerBase(abc.ABC):
             batch_size=batch_size,
             settings=settings,
         ).run()
+
+
+def _check_no_retry(name: str, value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(item, type) and issubclass(item, BaseException) for item in value
+    ):
+        raise ConfigurationError(
+            f"{name}.no_retry must be a tuple of exception classes, not {value!r}"
+        )

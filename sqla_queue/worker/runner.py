@@ -9,10 +9,10 @@ more processes: workers share nothing but the database, so any number of
 processes on any number of machines consume one queue with no central node.
 
 Idle lanes wait on one event, set by the PostgreSQL LISTEN thread when a
-task is enqueued (NOTIFY is delivered after commit), and otherwise by a
-timeout: the fallback poll (a lost notification delays a task by seconds,
-not forever), the polling interval on databases without NOTIFY, or the time
-the next scheduled task becomes due, whichever comes first.
+task is enqueued (NOTIFY is delivered after commit) and by the schedule
+routine when it promotes due scheduled tasks, and otherwise by a timeout:
+the fallback poll (a lost notification delays a task by seconds, not
+forever), or the polling interval on databases without NOTIFY.
 
 The first SIGTERM or SIGINT stops gracefully: running handlers finish, their
 batch commits, and claimed tasks not yet started go back to ``pendente``.
@@ -22,20 +22,26 @@ locks die with the connections or, at the latest, their leases run out.
 Nothing is lost either way.
 
 A heartbeat thread renews the leases of the tasks the lanes hold (see
-``leases.py``); lane 0 runs the rescue every half lease. A lane survives any
-loss of its connections: it reconnects and carries on. Only errors that
-waiting cannot fix (authentication, a missing database or table) stop the
-worker, with one line that says which.
+``leases.py``). The maintenance routines (rescue, schedule, purge, ttl) run
+in threads of their own on their schedules (``maintenance/``); lane 0 also
+runs the rescue when it (re)starts. A lane survives any loss of its
+connections: it reconnects and carries on. Only errors that waiting cannot
+fix (authentication, a missing database or table) stop the worker, with one
+line that says which.
+
+Settings come from the worker class, the environment, the optional
+``queue_configuration`` table and the defaults, in that order
+(``catalog.py``), resolved once when the runner is made.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -52,24 +58,29 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
-from ..adapters import Adapter, adapter_for, providers
+from ..adapters import Adapter, ClaimFilter, adapter_for, providers
+from ..catalog import TIME_LIMIT_SECONDS, Effective, TableRow, resolve
+from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
-from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
+from ..leases import LEASE_SECONDS, Claims, Heartbeat, LeasePolicy, new_worker_id
+from ..maintenance import Maintenance, RoutineLock, build_routines, routine_lock_for
+from ..maintenance.clock import Clock, SystemClock
 from ..manager import ConnectionLost, TaskManager, describe_traceback
 from ..mixins import channel_of
 from ..records import TaskRecord
-from ..redaction import redact
+from ..redaction import describe_error, redact
+from ..retry import ExponentialBackoff, RetryPolicy
 from ..routing import claim_filter_of
 from ..settings import Settings, engine_options, normalize_url
 from ..subscribers import SubscriberMixin
-from ..types import dialect_family, utcnow
+from ..timelimit import TimeLimiter, TimeLimitExceeded
+from ..types import dialect_family
 from .base import WorkerBase
 from .webhook import WebhookStage, webhook_subscribers_of
 
 logger = logging.getLogger("sqla_queue.worker")
 
-PROMOTE_EVERY_SECONDS = 1.0  # scheduled tasks are checked this often while busy
 RECONNECT_DELAY_SECONDS = 2.0
 LISTEN_READY_TIMEOUT_SECONDS = 10.0
 
@@ -106,6 +117,7 @@ class Runner:
         burst: bool = False,
         batch_size: int | None = None,
         settings: Settings | None = None,
+        clock: Clock | None = None,
     ) -> None:
         type(worker).check_configuration()
         if concurrency < 1:
@@ -118,19 +130,38 @@ class Runner:
         self.batch_size = 1 if cls.transaction_per_task else (batch_size or worker.batch_size)
         # multi-database tenants: the engine cache, closed in run() (docs/tenants.md)
         worker.open_tenants(self.settings, concurrency)
-        self.lease = LeasePolicy(cls.lease_seconds)
         model = cls.queue_model()
         self.engine = engine or self._create_engine(url)
         self._check_pool()
+        #: the queue_configuration rows (None: no such table, or not read)
+        self.configuration_rows = self._read_configuration(model)
+        self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)
+        effective = self.effective
+        # the table's values for what Settings holds, for the code that reads it
+        self.settings = dataclasses.replace(
+            self.settings,
+            max_retry=effective["max_retry"],
+            base_interval_retry_minutes=effective["retry_interval_minutes"],
+            listen_fallback_seconds=effective["wait_notify_interval"],
+            poll_interval_seconds=effective["poll_interval"],
+            task_locks=effective["task_locks"],
+        )
+        self.lease = LeasePolicy(effective["lease_seconds"])
+        worker._lease_seconds = self.lease.seconds
+        worker._time_limit_seconds = effective["time_limit"]
         table = model.__table__
-        task_locks = self.settings.task_locks if cls.task_locks is None else cls.task_locks
         providers.check_dialect(dialect_family(self.engine.dialect), self.settings)
+        claim_filter = claim_filter_of(cls)
+        if effective["item_delay"]:
+            claim_filter = dataclasses.replace(
+                claim_filter or ClaimFilter(), delay_seconds=effective["item_delay"]
+            )
         self.adapter: Adapter = adapter_for(
             self.engine.dialect,
             table,  # type: ignore[arg-type]
             channel_of(model, table),  # type: ignore[arg-type]
-            task_locks=providers.task_locks(task_locks, self.settings),
-            claim_filter=claim_filter_of(cls),
+            task_locks=providers.task_locks(effective["task_locks"], self.settings),
+            claim_filter=claim_filter,
             nsj_locks=self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks,
         )
         self.adapter.prepare_engine(self.engine)
@@ -139,28 +170,127 @@ class Runner:
         subscriber_table = _subscriber_table(cls)
         self.fanout = FanOut(self.adapter, subscriber_table, worker_name=cls.__name__)
         self.stage = _webhook_stage(cls, subscriber_table)
+        self.time_limiter = self._time_limiter()
         self.manager = TaskManager(
             self.adapter,
-            worker.backoff(self.settings),
+            self._retry_policy(),
             claims=self.claims,
             lease=self.lease,
             fanout=self.fanout,
             stage=self.stage,
+            no_retry=cls.no_retry,
+            time_limiter=self.time_limiter,
+            lease_for=self._lease_for(),
         )
         self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
         self.stopping = threading.Event()
         self.wake = threading.Event()
+        self.clock = clock or SystemClock()
+        self.maintenance = Maintenance(
+            build_routines(
+                self.engine,
+                self.adapter,
+                self.manager,
+                effective,
+                lease=self.lease,
+                wake=self.wake.set,
+                clock=self.clock,
+                before_delete=cls.purge_before_delete,
+            ),
+            self.routine_lock(),
+            clock=self.clock,
+        )
         self._errors: list[BaseException] = []
-        self._promote_at = 0.0
-        self._rescue_at = 0.0
         self._signals = 0
         self._trimmed = False
         self.listener: Any = None
 
+    def routine_lock(self) -> RoutineLock:
+        """The lock the maintenance routines run under: the one place it is
+        chosen: the queue server's in client-server mode, else the database's."""
+        served = providers.server_routine_lock(self.settings, client_name=self.worker_id)
+        if served is not None:
+            return served
+        return routine_lock_for(self.engine, self.adapter)
+
+    def _read_configuration(self, model: Any) -> dict[str, TableRow] | None:
+        """The queue's queue_configuration rows, if the table exists. A
+        database that cannot be reached yet is waited for by run(); its
+        table is then not read (the worker says so)."""
+        table = configuration_table_of(model)
+        try:
+            with self.engine.connect() as conn:
+                return read_rows(conn, table)
+        except DBAPIError as exc:
+            logger.warning(
+                "queue_configuration not read (%s): the environment and the defaults apply",
+                _describe(exc),
+            )
+            return None
+
+    def _retry_policy(self) -> RetryPolicy:
+        effective = self.effective
+        if effective["backoff"] == "linear":
+            return self.worker.backoff(self.settings)
+        try:
+            return ExponentialBackoff(
+                max_attempts=effective["max_retry"],
+                base_seconds=effective["backoff_base"],
+                factor=effective["backoff_factor"],
+                jitter_min_seconds=effective["backoff_jitter_min"],
+                jitter_max_seconds=effective["backoff_jitter_max"],
+            )
+        except ConfigurationError as exc:  # the jitter bounds, each valid alone
+            low = effective.source("backoff_jitter_min")
+            high = effective.source("backoff_jitter_max")
+            raise ConfigurationError(f"{exc} (from {low} and {high})") from None
+
+    def _time_limiter(self) -> TimeLimiter | None:
+        cls = type(self.worker)
+        per_task = cls.time_limit_for is not WorkerBase.time_limit_for
+        if self.effective["time_limit"] is None and not per_task:
+            return None
+        worker = self.worker
+
+        def limit_for(task: TaskRecord) -> float | None:
+            value = worker.time_limit_for(task)
+            if value is None or TIME_LIMIT_SECONDS.contains(value):
+                return value
+            logger.warning(
+                "%s.time_limit_for returned %r: %s; the worker's limit applies",
+                cls.__name__,
+                value,
+                TIME_LIMIT_SECONDS.describe(),
+            )
+            return worker._time_limit_seconds
+
+        return TimeLimiter(limit_for)
+
+    def _lease_for(self) -> Any:
+        cls = type(self.worker)
+        if cls.lease_seconds_for is WorkerBase.lease_seconds_for:
+            return None
+        worker, default = self.worker, self.lease.seconds
+
+        def lease_for(task: TaskRecord) -> float:
+            value = worker.lease_seconds_for(task)
+            if LEASE_SECONDS.contains(value):
+                return float(value)
+            logger.warning(
+                "%s.lease_seconds_for returned %r: %s; the worker's lease applies",
+                cls.__name__,
+                value,
+                LEASE_SECONDS.describe(),
+            )
+            return default
+
+        return lease_for
+
     def _connections_needed(self) -> int:
-        # two per lane, the heartbeat's, the rescue's, a fresh one to record
-        # a batch whose connection died; the LISTEN connection leaves the pool
-        return 2 * self.concurrency + 3
+        # two per lane, the heartbeat's, a fresh one to record a batch whose
+        # connection died, the routine lock's and one per maintenance routine;
+        # the LISTEN connection leaves the pool
+        return 2 * self.concurrency + 7
 
     def _create_engine(self, url: str | URL | None) -> Engine:
         url = url or self.settings.url
@@ -220,6 +350,8 @@ class Runner:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
         self.listener = listener
         self.heartbeat.start()
+        if self.effective["maintenance"]:
+            self.maintenance.start()
         restore = self._install_signal_handlers()
         lanes = [
             threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
@@ -242,6 +374,9 @@ class Runner:
                     lane.join(timeout=0.5)
         finally:
             self.stop()
+            self.maintenance.stop()
+            if self.time_limiter is not None:
+                self.time_limiter.close()
             self.heartbeat.stop()
             if listener is not None:
                 listener.stop()
@@ -320,6 +455,10 @@ class Runner:
                 return
             except ConnectionLost as exc:
                 cause = exc.__cause__
+                if isinstance(cause, TimeLimitExceeded):
+                    # its connection was left to the abandoned handler: new ones
+                    logger.warning("lane %d: %s; new connections", index, describe_error(cause))
+                    continue
                 described = _describe(cause) if isinstance(cause, DBAPIError) else str(cause)
                 self._reconnect(index, described)
             except DBAPIError as exc:
@@ -356,13 +495,11 @@ class Runner:
             _invalidated_on_error(claim_conn),
         ):
             if index == 0:
-                self._maybe_rescue(force=True)
+                # as before the routines had threads: at start and after every
+                # reconnect, whatever the schedule and the lock say
+                self.maintenance.run_now("rescue")
             while not self.stopping.is_set():
                 self.wake.clear()
-                if index == 0:
-                    self._maybe_rescue()
-                if time.monotonic() >= self._promote_at:  # due retries, even when busy
-                    self._promote(claim_conn)
                 tasks = manager.claim(claim_conn, limit=limit.value)
                 if tasks:
                     result = manager.run_batch(
@@ -370,43 +507,26 @@ class Runner:
                     )
                     limit.record(result.succeeded + result.failed, result.seconds)
                 elif self.burst:
-                    if self._promote(claim_conn):  # a due scheduled task is ready too
+                    # a due scheduled task is ready too: promote it now
+                    if self.maintenance.run_now("schedule").counts.get("promoted"):
                         continue
                     return
                 else:
-                    timeout = self._idle_timeout(claim_conn)
+                    timeout = self._idle_timeout()
                     if index == 0 and not self._trimmed:
                         self._trimmed = True
                         _return_free_memory()
                     self.wake.wait(timeout)
 
-    def _promote(self, claim_conn: Any) -> int:
-        self._promote_at = time.monotonic() + PROMOTE_EVERY_SECONDS
-        return self.manager.promote_due(claim_conn)
-
-    def _idle_timeout(self, claim_conn: Any) -> float:
+    def _idle_timeout(self) -> float:
         # the long fallback only while something will wake us: LISTEN, or the
-        # queue server, connected; else (none, or lost) poll the database
+        # queue server, connected; else (none, or lost) poll the database.
+        # Due scheduled tasks: the schedule routine promotes them and sets
+        # the wake event (and, on PostgreSQL, NOTIFYs the other workers)
         listening = getattr(self.listener, "listening", None)
-        timeout = (
-            self.settings.listen_fallback_seconds
-            if listening is not None and listening.is_set()
-            else self.settings.poll_interval_seconds
-        )
-        next_due = self.manager.next_due(claim_conn)
-        if next_due is not None:
-            until_due = (next_due - utcnow()).total_seconds()
-            timeout = min(timeout, max(until_due, 0.0))
-            self._promote_at = min(self._promote_at, time.monotonic() + max(until_due, 0.0))
-        return timeout
-
-    def _maybe_rescue(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._rescue_at:
-            return
-        self._rescue_at = now + self.lease.rescue_every_seconds
-        with self.adapter.connect_maintenance(self.engine) as conn:
-            self.manager.rescue(conn)
+        if listening is not None and listening.is_set():
+            return self.settings.listen_fallback_seconds
+        return self.settings.poll_interval_seconds
 
 
 def _webhook_stage(cls: type[WorkerBase], subscriber_table: Any) -> WebhookStage | None:

@@ -1,0 +1,1051 @@
+"""The settings catalogue: every setting, once, and how its value is found.
+
+Each :class:`Setting` names its environment variables (the seed's first),
+its row in the optional ``queue_configuration`` table (PEQ's name first),
+its worker class attribute, its default, the values it accepts and what it
+means. The same entries check values at start, resolve them with their
+precedence, print them (``sqla-queue config show``) and write the settings
+reference in docs/configuration.md (``python -m sqla_queue.catalog``; a test
+checks the page is current).
+
+Precedence, highest first: an explicit argument (the worker class's
+attribute, or a value given to ``run()``), the environment, the
+``queue_configuration`` table, the default. A bad value anywhere stops the
+worker at start with one line that names the setting as the user wrote it:
+``QUEUE_PURGE_LIMIT``, ``queue_configuration.lease_duration`` or
+``Faturar.lease_seconds``.
+
+Some variables are read by their own modules (the database URL, tenants,
+webhooks); the catalogue documents them with the rest, and the ranges they
+are checked against are the same objects.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import ConfigurationError
+from .leases import LEASE_SECONDS
+from .settings import BASE_INTERVAL_MINUTES, MAX_RETRY, WAIT_SECONDS, Range
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+__all__ = [
+    "CATALOGUE",
+    "PEQ_UNUSED",
+    "Effective",
+    "QueueEnvironment",
+    "Resolved",
+    "Setting",
+    "TableRow",
+    "render_reference",
+    "resolve",
+]
+
+# ---------------------------------------------------------------- ranges
+#: seconds a handler may run; at most a week
+TIME_LIMIT_SECONDS = Range(0, 7 * 24 * 3600, low_open=True, unit="seconds")
+ITEM_DELAY_SECONDS = Range(0, 24 * 3600, unit="seconds")
+#: minutes; 0 turns the TTL off; at most ten years
+ITEM_TTL_MINUTES = Range(0, 10 * 365 * 24 * 60, unit="minutes")
+BACKOFF_BASE_SECONDS = Range(0, 86_400, unit="seconds")
+BACKOFF_FACTOR = Range(1, 10)
+BACKOFF_JITTER_SECONDS = Range(0, 86_400, unit="seconds")
+PURGE_MAX_AGE_DAYS = Range(0, 36500, unit="days")
+PURGE_LIMIT = Range(1, 100_000, integer=True)
+PURGE_ROUNDS = Range(1, 1_000_000, integer=True)
+
+#: PEQ's settings that sqla-queue accepts in the table and does not use
+PEQ_UNUSED = {
+    "audit_retention": "no audit log in sqla-queue",
+    "cron_schedule_retention_audit_log": "no audit log in sqla-queue",
+    "cron_schedule_retention_dead_letter": "one purge routine keeps both; see purge_schedule",
+    "cron_vacuum": "vacuum is the database's (autovacuum)",
+}
+
+#: the ``unit`` column's values (PostgreSQL interval units, and PEQ's others)
+_UNIT_SECONDS = {
+    "second": 1.0,
+    "minute": 60.0,
+    "hour": 3600.0,
+    "day": 86400.0,
+    "month": 30 * 86400.0,
+    "year": 365 * 86400.0,
+}
+_PLAIN_UNITS = ("", "number", "count", "integer", "string", "text", "cron", "boolean")
+
+
+# ---------------------------------------------------------------- kinds
+class Kind:
+    """How a setting's text becomes its value, and what it accepts."""
+
+    #: the native time unit, for the table's unit column (None: not a time)
+    time_unit: str | None = None
+
+    def parse(self, name: str, raw: str) -> Any:
+        raise NotImplementedError
+
+    def check(self, name: str, value: Any) -> Any:
+        """A value given in Python (a class attribute, an argument)."""
+        return self.parse(name, value) if isinstance(value, str) else value
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Number(Kind):
+    allowed: Range
+    #: words that mean "none" (an optional setting), in any case
+    none_words: tuple[str, ...] = ()
+
+    @property
+    def time_unit(self) -> str | None:  # type: ignore[override]
+        unit = self.allowed.unit
+        return unit.rstrip("s") if unit.rstrip("s") in _UNIT_SECONDS else None
+
+    def parse(self, name: str, raw: str) -> Any:
+        if raw.strip().lower() in self.none_words:
+            return None
+        try:
+            value: float = int(raw) if self.allowed.integer else float(raw)
+        except ValueError:
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {raw!r}") from None
+        if not self.allowed.contains(value):
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {raw!r}")
+        return value
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is None and self.none_words:
+            return None
+        if not self.allowed.contains(value):
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {value!r}")
+        return value
+
+    def describe(self) -> str:
+        text = self.allowed.describe()
+        return f"{text}, or {self.none_words[0]}" if self.none_words else text
+
+
+@dataclass(frozen=True)
+class Flag(Kind):
+    def parse(self, name: str, raw: str) -> Any:
+        value = raw.strip().lower()
+        if value in ("true", "1", "yes", "on"):
+            return True
+        if value in ("false", "0", "no", "off"):
+            return False
+        raise ConfigurationError(f"{name} must be true or false, not {raw!r}")
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is True or value is False:
+            return value
+        raise ConfigurationError(f"{name} must be True or False, not {value!r}")
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    options: tuple[str, ...]
+
+    def parse(self, name: str, raw: str) -> Any:
+        value = raw.strip().lower() if isinstance(raw, str) else raw
+        if value not in self.options:
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {raw!r}")
+        return value
+
+    def check(self, name: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {value!r}")
+        return self.parse(name, value)
+
+    def describe(self) -> str:
+        return " or ".join(self.options)
+
+
+@dataclass(frozen=True)
+class ScheduleKind(Kind):
+    def parse(self, name: str, raw: str) -> Any:
+        from .maintenance.timing import parse_schedule
+
+        return parse_schedule(raw, name)
+
+    def check(self, name: str, value: Any) -> Any:
+        return self.parse(name, value)
+
+    def describe(self) -> str:
+        return "minutes (0,30), a cron string (*/7 * * * *) or @every 15s"
+
+
+@dataclass(frozen=True)
+class Text(Kind):
+    def parse(self, name: str, raw: str) -> Any:
+        return raw
+
+    def describe(self) -> str:
+        return "text"
+
+
+# ---------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    group: str
+    meaning: str
+    env: tuple[str, ...] = ()
+    kind: Kind | None = None
+    default: Any = None
+    #: how the reference shows the default, when the value itself does not say it
+    default_text: str | None = None
+    #: the worker class attribute (an explicit value wins over everything else)
+    attribute: str | None = None
+    #: setting_name values accepted in queue_configuration (PEQ's first)
+    table: tuple[str, ...] = ()
+    #: the Settings field that holds the environment's value (read by settings.py)
+    settings_field: str | None = None
+    #: "used", "not yet" (a later feature), "read, not used", "not read"
+    status: str = "used"
+    secret: bool = False
+    #: resolved here (False: read by its own module, documented here)
+    resolved: bool = True
+
+    def show_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None:
+            return "–"
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if isinstance(self.default, float) and self.default.is_integer():
+            return str(int(self.default))
+        return str(self.default)
+
+
+def _s(key: str, group: str, meaning: str, **options: Any) -> Setting:
+    return Setting(key, group, meaning, **options)
+
+
+_DB = "The database"
+_RETRY = "Retries and the dead letter"
+_LEASE = "Leases, time limits, delays"
+_WAKE = "Wake-ups and locks"
+_MAINT = "Maintenance routines"
+_TENANT = "Multi-database tenants"
+_OTHER = "Webhooks, logging, others"
+_SOCKET = "Client-server mode (not yet)"
+
+CATALOGUE: tuple[Setting, ...] = (
+    # ---- the database (settings.database_url reads these)
+    _s(
+        "url",
+        _DB,
+        "The database, as a SQLAlchemy URL. Wins over the `DB_*` variables.",
+        env=("SQLA_QUEUE_URL",),
+        resolved=False,
+        secret=True,
+    ),
+    _s(
+        "db_driver",
+        _DB,
+        "Database kind for the `DB_*` variables: `POSTGRES` or `POSTGRESQL` "
+        "(psycopg 3), `MYSQL` or `MARIADB` (PyMySQL), `SINGLE_STORE` or `SINGLESTORE`, "
+        "`SQLITE`. Case does not matter; any other value is an error.",
+        env=("DB_DRIVER", "DATABASE_DRIVER"),
+        default="POSTGRES",
+        resolved=False,
+    ),
+    _s(
+        "db_host",
+        _DB,
+        "Database host. Needed (with `DB_BASE`) unless the driver is `SQLITE`.",
+        env=("DB_HOST", "DATABASE_HOST"),
+        resolved=False,
+    ),
+    _s(
+        "db_port",
+        _DB,
+        "Database port, 1 to 65535.",
+        env=("DB_PORT", "DATABASE_PORT"),
+        default_text="the driver's",
+        resolved=False,
+    ),
+    _s(
+        "db_base",
+        _DB,
+        "Database name; for `SQLITE`, the database file.",
+        env=("DB_BASE", "DATABASE_NAME"),
+        resolved=False,
+    ),
+    _s("db_user", _DB, "User.", env=("DB_USER", "DATABASE_USER"), resolved=False),
+    _s(
+        "db_pass",
+        _DB,
+        "Password. Empty means no password.",
+        env=("DB_PASS", "DATABASE_PASS"),
+        resolved=False,
+        secret=True,
+    ),
+    _s(
+        "queue_name",
+        _DB,
+        "Read, but not used: the NOTIFY channel is the model's "
+        "`__queue_channel__`, else the table name.",
+        env=("QUEUE_NAME",),
+        status="read, not used",
+        resolved=False,
+    ),
+    _s(
+        "queue_table",
+        _DB,
+        "Read, but not used: the table is the worker's `model`.",
+        env=("QUEUE_TABLE",),
+        status="read, not used",
+        resolved=False,
+    ),
+    _s(
+        "queue_subscriber_table",
+        _DB,
+        "Not used: the subscriber table is the pub/sub worker's "
+        "`subscriber_model` (docs/pubsub.md).",
+        env=("QUEUE_SUBSCRIBER_TABLE",),
+        status="read, not used",
+        resolved=False,
+    ),
+    # ---- retries
+    _s(
+        "max_retry",
+        _RETRY,
+        "Attempts in all (PEQ: processings), before the dead-letter run.",
+        env=("QUEUE_MAX_RETRY",),
+        kind=Number(MAX_RETRY),
+        default=100,
+        attribute="max_retry",
+        table=("max_retries", "max_retry"),
+        settings_field="max_retry",
+    ),
+    _s(
+        "retry_interval_minutes",
+        _RETRY,
+        "Linear policy: attempt *n+1* runs *n ×* this many "
+        "minutes after attempt *n* failed. Fractions work (`0.5` is 30 s); `0` retries at once.",
+        env=("QUEUE_BASE_INTERVAL_RETRY",),
+        kind=Number(BASE_INTERVAL_MINUTES),
+        default=5,
+        attribute="retry_interval_minutes",
+        table=("retry_interval_minutes",),
+        settings_field="base_interval_retry_minutes",
+    ),
+    _s(
+        "backoff",
+        _RETRY,
+        "The retry policy: `linear` (the seed's, above) or `exponential` "
+        "(PEQ's: `backoff_base × backoff_factor ** n` seconds after the *n*-th failure, plus a "
+        "random jitter between `backoff_jitter_min` and `backoff_jitter_max` seconds, at most "
+        "30 days).",
+        env=("SQLA_QUEUE_BACKOFF",),
+        kind=Choice(("linear", "exponential")),
+        default="linear",
+        attribute="backoff_policy",
+        table=("backoff_policy", "backoff"),
+    ),
+    _s(
+        "backoff_base",
+        _RETRY,
+        "Exponential policy: the base delay.",
+        env=("SQLA_QUEUE_BACKOFF_BASE",),
+        kind=Number(BACKOFF_BASE_SECONDS),
+        default=10,
+        attribute="backoff_base_seconds",
+        table=("backoff_base",),
+    ),
+    _s(
+        "backoff_factor",
+        _RETRY,
+        "Exponential policy: the factor (1 keeps the delay constant).",
+        env=("SQLA_QUEUE_BACKOFF_FACTOR",),
+        kind=Number(BACKOFF_FACTOR),
+        default=2,
+        attribute="backoff_factor",
+        table=("backoff_factor",),
+    ),
+    _s(
+        "backoff_jitter_min",
+        _RETRY,
+        "Exponential policy: the least random seconds added.",
+        env=("SQLA_QUEUE_BACKOFF_JITTER_MIN",),
+        kind=Number(BACKOFF_JITTER_SECONDS),
+        default=11,
+        attribute="backoff_jitter_min_seconds",
+        table=("backoff_jitter_min",),
+    ),
+    _s(
+        "backoff_jitter_max",
+        _RETRY,
+        "Exponential policy: the most random seconds added (not less than `backoff_jitter_min`).",
+        env=("SQLA_QUEUE_BACKOFF_JITTER_MAX",),
+        kind=Number(BACKOFF_JITTER_SECONDS),
+        default=99,
+        attribute="backoff_jitter_max_seconds",
+        table=("backoff_jitter_max",),
+    ),
+    # ---- leases, limits, delays
+    _s(
+        "lease_seconds",
+        _LEASE,
+        "How long a claim lasts without a heartbeat (PEQ's "
+        "`lease_duration`). The heartbeat renews it every third of it while the handler runs; "
+        "a task whose lease expired is rescued.",
+        env=("SQLA_QUEUE_LEASE_SECONDS",),
+        kind=Number(LEASE_SECONDS),
+        default=30,
+        attribute="lease_seconds",
+        table=("lease_duration", "lease_seconds"),
+    ),
+    _s(
+        "time_limit",
+        _LEASE,
+        "The longest a handler may run; past it the handler is "
+        "abandoned, its work rolled back, and the attempt fails (docs/lifecycle.md#time-limits). "
+        "`none`: no limit.",
+        env=("SQLA_QUEUE_TIME_LIMIT",),
+        kind=Number(TIME_LIMIT_SECONDS, none_words=("none", "off")),
+        default=None,
+        default_text="none",
+        attribute="time_limit_seconds",
+        table=("time_limit",),
+    ),
+    _s(
+        "item_delay",
+        _LEASE,
+        "A task becomes claimable this many seconds after its time "
+        "(PEQ's `item_delay`): a short pause before new work is taken.",
+        env=("SQLA_QUEUE_ITEM_DELAY",),
+        kind=Number(ITEM_DELAY_SECONDS),
+        default=0,
+        attribute="item_delay_seconds",
+        table=("item_delay",),
+    ),
+    _s(
+        "item_ttl",
+        _LEASE,
+        "A task still `pendente` this many minutes after its time goes to "
+        "the dead letter (PEQ's `item_ttl`; PEQ's default is 4320, three days). `0`: never.",
+        env=("SQLA_QUEUE_ITEM_TTL",),
+        kind=Number(ITEM_TTL_MINUTES),
+        default=0,
+        attribute="item_ttl_minutes",
+        table=("item_ttl",),
+    ),
+    # ---- wake-ups and locks
+    _s(
+        "wait_notify_interval",
+        _WAKE,
+        "Seconds. PostgreSQL: the longest an idle lane waits for "
+        "a NOTIFY before it looks for work anyway; every database: a `pendente` task older "
+        "than this is re-notified by the schedule routine. (The seed's default was 30.)",
+        env=("QUEUE_WAIT_NOTIFY_INTERVAL",),
+        kind=Number(WAIT_SECONDS),
+        default=5,
+        table=("wait_notify_interval",),
+        settings_field="listen_fallback_seconds",
+    ),
+    _s(
+        "poll_interval",
+        _WAKE,
+        "Seconds. MySQL, MariaDB, SingleStore and SQLite: how often an idle lane looks for work.",
+        env=("SQLA_QUEUE_POLL_INTERVAL",),
+        kind=Number(WAIT_SECONDS),
+        default=1,
+        table=("poll_interval",),
+        settings_field="poll_interval_seconds",
+    ),
+    _s(
+        "task_locks",
+        _WAKE,
+        "PostgreSQL and MariaDB: a per-task advisory lock / `GET_LOCK` at "
+        "claim time, so the rescue sees a killed worker at once (the lease covers it anyway). "
+        "`false` behind a transaction-pooling PgBouncer (docs/pgbouncer.md).",
+        env=("SQLA_QUEUE_TASK_LOCKS",),
+        kind=Flag(),
+        default=True,
+        attribute="task_locks",
+        settings_field="task_locks",
+    ),
+    # ---- maintenance routines
+    _s(
+        "maintenance",
+        _MAINT,
+        "`false`: this worker runs no maintenance routine (the others "
+        "of the queue do; the start-up rescue still runs).",
+        env=("SQLA_QUEUE_MAINTENANCE",),
+        kind=Flag(),
+        default=True,
+        attribute="maintenance",
+    ),
+    _s(
+        "rescue_schedule",
+        _MAINT,
+        "When the rescue runs (re-enqueues tasks whose worker is "
+        "gone). Default: every half lease, faster than the seed's every 5 minutes.",
+        env=("QUEUE_MINUTE_RETRY_THREAD", "SQLA_QUEUE_RESCUE_CRON"),
+        kind=ScheduleKind(),
+        default=None,
+        default_text="every half lease (`@every 15s`)",
+        table=("cron_schedule_retention_queue", "rescue_schedule"),
+    ),
+    _s(
+        "schedule_schedule",
+        _MAINT,
+        "When due `agendada` tasks become `pendente` and old "
+        "`pendente` ones are re-notified. Default every second (the seed: every 5 minutes), "
+        "so a retry runs about on time.",
+        env=("QUEUE_MINUTE_NOTIFY_THREAD", "SQLA_QUEUE_SCHEDULE_CRON"),
+        kind=ScheduleKind(),
+        default="@every 1s",
+        table=("schedule_schedule",),
+    ),
+    _s(
+        "purge_schedule",
+        _MAINT,
+        "When the purge runs. The seed's default: minute 0 of every hour.",
+        env=("QUEUE_MINUTE_PURGE_THREAD", "SQLA_QUEUE_PURGE_CRON"),
+        kind=ScheduleKind(),
+        default="0",
+        table=("cron_schedule_retention_history", "purge_schedule"),
+    ),
+    _s(
+        "ttl_schedule",
+        _MAINT,
+        "When the TTL routine runs (only with `item_ttl` set).",
+        env=("SQLA_QUEUE_TTL_CRON",),
+        kind=ScheduleKind(),
+        default="@every 1m",
+        table=("ttl_schedule",),
+    ),
+    _s(
+        "purge_max_age",
+        _MAINT,
+        "Days. A finished chain (every attempt and its dead-letter run) "
+        "whose newest row is older than this is deleted by the purge. Fractions work.",
+        env=("QUEUE_PURGE_MAX_AGE",),
+        kind=Number(PURGE_MAX_AGE_DAYS),
+        default=60,
+        table=("history_retention", "purge_max_age"),
+    ),
+    _s(
+        "dead_letter_retention",
+        _MAINT,
+        "Days, for chains that went to the dead letter "
+        "(PEQ's `dead_letter_retention`, default 91 there). Default: `QUEUE_PURGE_MAX_AGE`.",
+        env=("SQLA_QUEUE_DEAD_LETTER_RETENTION",),
+        kind=Number(PURGE_MAX_AGE_DAYS),
+        default=None,
+        default_text="`QUEUE_PURGE_MAX_AGE`",
+        table=("dead_letter_retention",),
+    ),
+    _s(
+        "purge_limit",
+        _MAINT,
+        "Rows per purge chunk (one transaction, whole chains).",
+        env=("QUEUE_PURGE_LIMIT",),
+        kind=Number(PURGE_LIMIT),
+        default=1000,
+        table=("purge_limit",),
+    ),
+    _s(
+        "purge_round_limit",
+        _MAINT,
+        "Chunks per purge round at most.",
+        env=("QUEUE_PURGE_ROUND_LIMIT",),
+        kind=Number(PURGE_ROUNDS),
+        default=100,
+        table=("purge_round_limit",),
+    ),
+    # ---- tenants (settings.TenantSettings reads these)
+    _s(
+        "multi_database",
+        _TENANT,
+        "`true`: handlers get a fifth argument, `tenant_session` (docs/tenants.md).",
+        env=("MULTI_DATABASE",),
+        default=False,
+        resolved=False,
+    ),
+    _s(
+        "tenant_url_template",
+        _TENANT,
+        "A database URL with `{tenant}`; when set, the credentials API is not used.",
+        env=("SQLA_QUEUE_TENANT_URL_TEMPLATE",),
+        resolved=False,
+        secret=True,
+    ),
+    _s(
+        "tenant_user",
+        _TENANT,
+        "The account for the OAuth password grant (credentials API).",
+        env=("MULTI_DATABASE_USER",),
+        resolved=False,
+    ),
+    _s(
+        "tenant_password",
+        _TENANT,
+        "Its password. Never logged.",
+        env=("MULTI_DATABASE_PASSWORD",),
+        resolved=False,
+        secret=True,
+    ),
+    _s(
+        "tenant_client_id",
+        _TENANT,
+        "The OAuth `client_id`.",
+        env=("MULTI_DATABASE_CLIENT_ID",),
+        resolved=False,
+    ),
+    _s(
+        "tenant_credentials_url",
+        _TENANT,
+        "The credentials API (the seed's spelling first).",
+        env=("MULTI_DATABASE_API_CREDETIALS_URL", "MULTI_DATABASE_API_CREDENTIALS_URL"),
+        default="https://api.sre.nasajon.com.br/erp/credentials",
+        resolved=False,
+    ),
+    _s(
+        "tenant_token_url",
+        _TENANT,
+        "The OAuth token endpoint.",
+        env=("OAUTH_TOKEN_URL",),
+        default="https://auth.nasajon.com.br/auth/realms/master/protocol/openid-connect/token",
+        resolved=False,
+    ),
+    _s(
+        "tenant_driver",
+        _TENANT,
+        "The driver of URLs built from the credentials API.",
+        env=("SQLA_QUEUE_TENANT_DRIVER",),
+        default="postgresql",
+        resolved=False,
+    ),
+    _s(
+        "tenant_credentials_ttl",
+        _TENANT,
+        "Seconds a tenant's credentials are reused, 0 to 86400.",
+        env=("SQLA_QUEUE_TENANT_CREDENTIALS_TTL",),
+        default=300,
+        resolved=False,
+    ),
+    _s(
+        "tenant_engines",
+        _TENANT,
+        "Engines kept open, one per tenant, 1 to 10,000.",
+        env=("SQLA_QUEUE_TENANT_ENGINES",),
+        default=32,
+        resolved=False,
+    ),
+    _s(
+        "tenant_http_timeout",
+        _TENANT,
+        "Seconds each call to the token endpoint or the "
+        "credentials API may take, more than 0 and at most 300.",
+        env=("SQLA_QUEUE_TENANT_HTTP_TIMEOUT",),
+        default=10,
+        resolved=False,
+    ),
+    # ---- others
+    _s(
+        "webhook_timeout",
+        _OTHER,
+        "Seconds a webhook call may take, more than 0 and at most 3600 (docs/webhooks.md).",
+        env=("DEFAULT_WEBHOOK_TIMEOUT",),
+        default=20,
+        resolved=False,
+    ),
+    _s(
+        "webhook_block_private",
+        _OTHER,
+        "`true`: webhooks refuse private and loopback addresses (docs/webhooks.md).",
+        env=("WEBHOOK_BLOCK_PRIVATE_NETWORKS",),
+        default=False,
+        resolved=False,
+    ),
+    _s(
+        "log_debug",
+        _OTHER,
+        "`true`, `1` or `yes`: the `sqla-queue worker` command logs at "
+        "DEBUG level unless `--log-level` is given.",
+        env=("LOG_DEBUG",),
+        default=False,
+        resolved=False,
+    ),
+    _s(
+        "env",
+        _OTHER,
+        "Not read: sqla-queue logs through Python's `logging`.",
+        env=("ENV",),
+        default="DEV",
+        status="not read",
+        resolved=False,
+    ),
+    _s(
+        "grafana_url",
+        _OTHER,
+        "Not read: attach your own logging handlers.",
+        env=("GRAFANA_URL",),
+        status="not read",
+        resolved=False,
+    ),
+    # ---- the seed's socket server
+    _s(
+        "client_server_mode",
+        _SOCKET,
+        "Workers use the socket lock/notify server.",
+        env=("CLIENT_SERVER_MODE",),
+        default=False,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "server_host",
+        _SOCKET,
+        "The socket server's host.",
+        env=("SERVER_HOST",),
+        default="127.0.0.1",
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "notify_service_port",
+        _SOCKET,
+        "The server's notify port.",
+        env=("NOTIFY_SERVICE_PORT",),
+        default=8770,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "lock_service_port",
+        _SOCKET,
+        "The server's lock port.",
+        env=("LOCK_SERVICE_PORT",),
+        default=8970,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "timeout_socket_message",
+        _SOCKET,
+        "Seconds for any socket message.",
+        env=("TIMEOUT_SOCKET_MESSAGE",),
+        default=5,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "max_client_threads",
+        _SOCKET,
+        "Server side: the listen backlog.",
+        env=("MAX_CLIENT_THREADS",),
+        default=50,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "check_tasks_interval",
+        _SOCKET,
+        "Server side: seconds between polls for new tasks.",
+        env=("CHECK_TASKS_INTERVAL",),
+        default=15,
+        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "lock_service_wait_conn_interval",
+        _SOCKET,
+        "Server side: the lock service's select timeout, seconds.",
+        env=("LOCK_SERVICE_WAIT_CONN_INTERVAL",),
+        default=30,
+        status="not yet",
+        resolved=False,
+    ),
+)
+
+_BY_KEY = {setting.key: setting for setting in CATALOGUE}
+_BY_TABLE_NAME = {name: setting for setting in CATALOGUE for name in setting.table}
+
+
+def setting(key: str) -> Setting:
+    return _BY_KEY[key]
+
+
+# ---------------------------------------------------------------- the environment
+@dataclass(frozen=True)
+class QueueEnvironment:
+    """The catalogue's variables as the environment set them, checked.
+
+    ``parsed``: key -> (value, variable) for the settings resolved here;
+    ``present``: key -> variable for every catalogue setting set at all."""
+
+    parsed: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    present: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> QueueEnvironment:
+        env = os.environ if env is None else env
+        parsed: dict[str, tuple[Any, str]] = {}
+        present: dict[str, str] = {}
+        for entry in CATALOGUE:
+            variable = next((name for name in entry.env if env.get(name) not in (None, "")), None)
+            if variable is None:
+                continue
+            present[entry.key] = variable
+            if entry.resolved and entry.kind is not None and entry.settings_field is None:
+                parsed[entry.key] = (entry.kind.parse(variable, env[variable]), variable)
+        return cls(parsed, present)
+
+
+# ---------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class TableRow:
+    """One row of ``queue_configuration`` (PEQ's columns)."""
+
+    setting_name: str
+    value: str | None
+    unit: str | None = None
+    casted_as: str | None = None
+    note: str | None = None
+
+
+def _table_value(entry: Setting, row: TableRow) -> Any:
+    name = f"queue_configuration.{row.setting_name}"
+    assert entry.kind is not None
+    raw = "" if row.value is None else str(row.value).strip()
+    unit = (row.unit or "").strip().lower()
+    singular = unit[:-1] if unit.endswith("s") else unit
+    if unit not in _PLAIN_UNITS and singular not in _UNIT_SECONDS:
+        raise ConfigurationError(
+            f"{name} has unit {row.unit!r}: use one of years, months, days, hours, minutes, "
+            "seconds (or number, count, cron)"
+        )
+    native = entry.kind.time_unit
+    if singular in _UNIT_SECONDS:
+        if native is None:
+            raise ConfigurationError(f"{name} is not a duration; its unit cannot be {row.unit!r}")
+        written = f"{raw} {row.unit}"
+        try:
+            number = float(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{name} must be {entry.kind.describe()}, not {written!r}"
+            ) from None
+        if not math.isfinite(number):
+            raise ConfigurationError(f"{name} must be {entry.kind.describe()}, not {written!r}")
+        converted = number * _UNIT_SECONDS[singular] / _UNIT_SECONDS[native]
+        kind = entry.kind
+        assert isinstance(kind, Number)
+        if kind.allowed.integer and converted.is_integer():
+            converted = int(converted)
+        try:
+            return kind.check(name, converted)
+        except ConfigurationError:
+            raise ConfigurationError(f"{name} must be {kind.describe()}, not {written!r}") from None
+    return entry.kind.parse(name, raw)
+
+
+def check_table(rows: Mapping[str, TableRow]) -> None:
+    """Refuse unknown setting names (a typo would be silently ignored) and
+    bad values, also those that a higher source overrides."""
+    for name, row in rows.items():
+        entry = _BY_TABLE_NAME.get(name)
+        if entry is not None:
+            _table_value(entry, row)
+        elif name not in PEQ_UNUSED:
+            known = ", ".join(sorted(_BY_TABLE_NAME))
+            raise ConfigurationError(
+                f"queue_configuration has an unknown setting {name!r} (known: {known})"
+            )
+
+
+# ---------------------------------------------------------------- resolution
+@dataclass(frozen=True)
+class Resolved:
+    value: Any
+    #: where it came from: "default", a variable, "queue_configuration.x", "Class.attr"
+    source: str
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The value and the source of every setting resolved here."""
+
+    values: Mapping[str, Resolved]
+    #: table rows accepted but not used (PEQ's settings sqla-queue lacks)
+    unused: Mapping[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key].value
+
+    def source(self, key: str) -> str:
+        return self.values[key].source
+
+
+def resolve(
+    worker_class: type | None,
+    settings: Settings,
+    rows: Mapping[str, TableRow] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+) -> Effective:
+    """Every resolved setting's value: ``overrides`` (explicit arguments)
+    and the worker class's attributes, then the environment (as read into
+    ``settings``), then the ``queue_configuration`` rows, then the default."""
+    rows = rows or {}
+    check_table(rows)
+    environment = settings.environment
+    values: dict[str, Resolved] = {}
+    for entry in CATALOGUE:
+        if not entry.resolved:
+            continue
+        values[entry.key] = _resolve_one(
+            entry, worker_class, settings, environment, rows, overrides
+        )
+    unused = {name: PEQ_UNUSED[name] for name in rows if name in PEQ_UNUSED}
+    return Effective(values, unused)
+
+
+def _resolve_one(
+    entry: Setting,
+    worker_class: type | None,
+    settings: Settings,
+    environment: QueueEnvironment,
+    rows: Mapping[str, TableRow],
+    overrides: Mapping[str, Any] | None,
+) -> Resolved:
+    assert entry.kind is not None
+    if overrides and entry.key in overrides:
+        return Resolved(entry.kind.check(entry.key, overrides[entry.key]), "argument")
+    if worker_class is not None and entry.attribute is not None:
+        value = getattr(worker_class, entry.attribute, None)
+        if value is not None:
+            name = f"{worker_class.__name__}.{entry.attribute}"
+            return Resolved(entry.kind.check(name, value), name)
+    if entry.key in environment.parsed:
+        value, variable = environment.parsed[entry.key]
+        return Resolved(value, variable)
+    if entry.settings_field is not None and entry.key in environment.present:
+        return Resolved(getattr(settings, entry.settings_field), environment.present[entry.key])
+    for name in entry.table:
+        row = rows.get(name)
+        if row is not None:
+            return Resolved(_table_value(entry, row), f"queue_configuration.{name}")
+    if entry.settings_field is not None:
+        value = getattr(settings, entry.settings_field)
+        changed = value != entry.default
+        return Resolved(value, "Settings()" if changed else "default")
+    default = entry.default
+    return Resolved(
+        entry.kind.parse(entry.key, default) if isinstance(default, str) else default, "default"
+    )
+
+
+def check_attributes(worker_class: type) -> None:
+    """The worker class's attributes of the catalogue: right type and range,
+    or one ConfigurationError naming ``Class.attribute``."""
+    for entry in CATALOGUE:
+        if entry.attribute is None or entry.kind is None:
+            continue
+        value = getattr(worker_class, entry.attribute, None)
+        if value is not None:
+            entry.kind.check(f"{worker_class.__name__}.{entry.attribute}", value)
+
+
+# ---------------------------------------------------------------- the reference
+BEGIN = "<!-- begin:settings (generated by python -m sqla_queue.catalog) -->"
+END = "<!-- end:settings -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render_reference() -> str:
+    """The settings reference in Markdown, by group."""
+    out: list[str] = [BEGIN]
+    groups: dict[str, list[Setting]] = {}
+    for entry in CATALOGUE:
+        groups.setdefault(entry.group, []).append(entry)
+    for group, entries in groups.items():
+        out += ["", f"#### {group}", ""]
+        out.append("| Variable | `queue_configuration` | Worker attribute | Default | Meaning |")
+        out.append("|---|---|---|---|---|")
+        for entry in entries:
+            variables = " or ".join(f"`{name}`" for name in entry.env) or "–"
+            table = ", ".join(f"`{name}`" for name in entry.table) or "–"
+            attribute = f"`{entry.attribute}`" if entry.attribute else "–"
+            default = entry.show_default()
+            if default not in ("–",) and not default.startswith(("`", "every", "the", "none")):
+                default = f"`{default}`"
+            meaning = entry.meaning
+            if entry.kind is not None:
+                meaning += f" Values: {entry.kind.describe()}."
+            if entry.status != "used":
+                meaning = f"**{entry.status.capitalize()}.** {meaning}"
+            row = (variables, table, attribute, default, meaning)
+            out.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
+    out += ["", END]
+    return "\n".join(out)
+
+
+def splice_reference(page: str) -> str:
+    """``page`` with its generated section replaced by the current one."""
+    start, end = page.index(BEGIN), page.index(END) + len(END)
+    return page[:start] + render_reference() + page[end:]
+
+
+def show(effective: Effective, settings: Settings, *, width: int = 34) -> Iterable[str]:
+    """Lines of ``sqla-queue config show``: every setting, its value, its source."""
+    for entry in CATALOGUE:
+        if entry.resolved:
+            resolved = effective.values[entry.key]
+            value: Any = resolved.value
+            source = resolved.source
+            if hasattr(value, "describe"):
+                value = value.describe()
+            elif value is None:
+                value = (entry.default_text or "none").replace("`", "")
+        else:
+            variable = settings.environment.present.get(entry.key)
+            source = variable or "default"
+            value = "(set)" if variable else entry.show_default()
+            if entry.secret and variable:
+                value = "***"
+            elif variable:
+                value = os.environ.get(variable, "(set)")
+        if entry.status != "used":
+            source = f"{source}; {entry.status}"
+        yield f"{entry.key:<{width}} {value!s:<30} {source}"
+    for name, why in effective.unused.items():
+        yield f"{name:<{width}} {'(in the table)':<30} queue_configuration; not used: {why}"
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m sqla_queue.catalog [PAGE]``: print the reference, or
+    rewrite its section in PAGE."""
+    if argv:
+        path = argv[0]
+        with open(path, encoding="utf-8") as page:
+            text = page.read()
+        with open(path, "w", encoding="utf-8") as page:
+            page.write(splice_reference(text))
+        return 0
+    print(render_reference())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,171 @@
+"""The operations commands: ``maintenance run``, ``requeue``, ``config show``.
+
+Each takes the worker class (``module:Class``) whose queue it works on, and
+the database as ``sqla-queue worker`` does (``--url``, else
+``SQLA_QUEUE_URL``, else the ``DB_*`` variables); its settings are the
+worker's (class, environment, ``queue_configuration``, defaults). Mistakes
+are one ``Error:`` line and exit status 1; a database error too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from sqlalchemy.exc import DBAPIError
+
+from .catalog import resolve, show
+from .exceptions import SqlaQueueError
+from .maintenance import ROUTINES
+from .redaction import describe_error
+from .settings import Settings
+
+__all__ = ["config", "maintenance", "requeue"]
+
+
+class _Timestamp(click.ParamType):  # type: ignore[type-arg]
+    name = "timestamp"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dt.datetime:
+        if isinstance(value, dt.datetime):
+            return value
+        try:
+            parsed = dt.datetime.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time (2026-01-31 or 2026-01-31T12:00)")
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+@contextlib.contextmanager
+def _runner(worker: str, url: str | None) -> Iterator[Any]:
+    """The worker's runner (not started): its engine, adapter, settings and
+    routines; one Error line for a mistake or a database error."""
+    from .cli import load_worker
+    from .worker.runner import Runner
+
+    runner = None
+    try:
+        cls = load_worker(worker)
+        cls.check_configuration()
+        runner = Runner(cls(), url=url, settings=Settings.from_env())
+        runner._check_table()
+        yield runner
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except DBAPIError as exc:
+        raise click.ClickException(f"database error: {describe_error(exc)}") from exc
+    finally:
+        if runner is not None:
+            runner.worker.close_tenants()
+            runner.engine.dispose()
+
+
+@click.group()
+def maintenance() -> None:
+    """Run a maintenance routine by hand."""
+
+
+@maintenance.command("run")
+@click.argument("routine", type=click.Choice(ROUTINES))
+@click.argument("worker")
+@click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
+@click.option("--dry-run", is_flag=True, help="count what it would do; change nothing")
+def run(routine: str, worker: str, url: str | None, dry_run: bool) -> None:
+    """Run ROUTINE (rescue, schedule, purge, ttl) of WORKER's queue once, now,
+    and print what it did. It takes no lock: the routines are safe beside
+    running workers."""
+    with _runner(worker, url) as runner:
+        result = runner.maintenance.run_now(routine, dry_run=dry_run)
+    click.echo(result.describe())
+    if result.error:
+        raise click.ClickException(f"{routine} stopped: {result.error}")
+
+
+@click.command()
+@click.argument("worker")
+@click.option("--id", "ids", type=int, multiple=True, help="a dead-letter row's or its task's id")
+@click.option("--process", help="dead tasks of this processo")
+@click.option("--since", type=_Timestamp(), help="went dead at or after (ISO 8601, UTC)")
+@click.option("--until", type=_Timestamp(), help="went dead before (ISO 8601, UTC)")
+@click.option("--all", "all_dead", is_flag=True, help="every dead task")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=10_000, show_default=True)
+@click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
+@click.option("--dry-run", is_flag=True, help="list what would be requeued; change nothing")
+def requeue(
+    worker: str,
+    ids: tuple[int, ...],
+    process: str | None,
+    since: dt.datetime | None,
+    until: dt.datetime | None,
+    all_dead: bool,
+    limit: int,
+    url: str | None,
+    dry_run: bool,
+) -> None:
+    """Requeue dead tasks of WORKER's queue: each starts a new chain with its
+    payload, linked to the old one, once. Select them with --id, --process,
+    --since/--until, or --all."""
+    from .client import QueueClient
+
+    if not (ids or process or since or until or all_dead):
+        raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")
+    with _runner(worker, url) as runner, runner.engine.connect() as conn:
+        transaction = conn.begin()
+        try:
+            done = QueueClient(conn, runner.adapter.table).requeue_dead(
+                ids or None,
+                process=process,
+                since=since,
+                until=until,
+                all_dead=all_dead,
+                limit=limit,
+                dry_run=dry_run,
+            )
+        except BaseException:
+            transaction.rollback()
+            raise
+        if dry_run:
+            transaction.rollback()
+        else:
+            transaction.commit()
+    for item in done:
+        target = "(dry run)" if item.new_id is None else f"-> new task {item.new_id}"
+        click.echo(f"dead-letter {item.dead_id} (task {item.live_id}, {item.process}) {target}")
+    verb = "would requeue" if dry_run else "requeued"
+    click.echo(f"{verb} {len(done)} dead task(s)")
+
+
+@click.group()
+def config() -> None:
+    """The settings a worker runs with."""
+
+
+@config.command("show")
+@click.argument("worker")
+@click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
+def config_show(worker: str, url: str | None) -> None:
+    """Print WORKER's effective settings and where each comes from (its
+    class, a variable, the queue_configuration table, the default)."""
+    from .cli import load_worker
+
+    try:
+        settings = Settings.from_env()
+        cls = load_worker(worker)
+        cls.check_configuration()
+        if url is None and settings.url is None:
+            click.echo("(no database given: queue_configuration not read)")
+            effective = resolve(cls, settings, None)
+        else:
+            with _runner(worker, url) as runner:
+                effective = runner.effective
+                rows = runner.configuration_rows
+                table = "none" if rows is None else f"{len(rows)} row(s)"
+                click.echo(f"queue_configuration: {table}")
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{'setting':<34} {'value':<30} source")
+    for line in show(effective, settings):
+        click.echo(line)

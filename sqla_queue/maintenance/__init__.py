@@ -1,0 +1,99 @@
+"""Maintenance routines: rescue, schedule, purge, ttl; one module each.
+
+Every worker runs them (there is no central node): each routine on its
+schedule, in a thread of its own, with a connection of its own, and only
+one worker of a queue runs a routine in a given slot (``scheduler.py``,
+under the lock of ``lock.py``). ``build_routines`` makes a worker's four
+from its effective settings (``catalog.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Engine
+
+from ..adapters import Adapter
+from ..catalog import Effective
+from ..leases import LeasePolicy
+from ..manager import TaskManager
+from .base import Routine, RoutineResult
+from .clock import Clock, ManualClock, SystemClock
+from .lock import RoutineLock, routine_lock_for
+from .purge import BeforeDelete, PurgeConfig, PurgeRoutine
+from .rescue import RescueConfig, RescueRoutine
+from .schedule import ScheduleConfig, ScheduleRoutine
+from .scheduler import Maintenance, SlotRun
+from .timing import Every, Schedule
+from .ttl import TtlConfig, TtlRoutine
+
+__all__ = [
+    "ROUTINES",
+    "BeforeDelete",
+    "Clock",
+    "Maintenance",
+    "ManualClock",
+    "PurgeConfig",
+    "PurgeRoutine",
+    "RescueConfig",
+    "RescueRoutine",
+    "Routine",
+    "RoutineLock",
+    "RoutineResult",
+    "ScheduleConfig",
+    "ScheduleRoutine",
+    "SlotRun",
+    "SystemClock",
+    "TtlConfig",
+    "TtlRoutine",
+    "build_routines",
+    "routine_lock_for",
+]
+
+ROUTINES = ("rescue", "schedule", "purge", "ttl")
+
+
+def build_routines(
+    engine: Engine,
+    adapter: Adapter,
+    manager: TaskManager,
+    effective: Effective,
+    *,
+    lease: LeasePolicy,
+    wake: Callable[[], None] | None = None,
+    clock: Clock | None = None,
+    before_delete: BeforeDelete | None = None,
+) -> list[Routine]:
+    clock = clock or SystemClock()
+    rescue_schedule: Schedule = effective["rescue_schedule"] or Every(lease.rescue_every_seconds)
+    return [
+        RescueRoutine(engine, adapter, rescue_schedule, manager),
+        ScheduleRoutine(
+            engine,
+            adapter,
+            effective["schedule_schedule"],
+            ScheduleConfig(wait_notify_seconds=effective["wait_notify_interval"]),
+            wake=wake,
+            clock=clock,
+        ),
+        PurgeRoutine(
+            engine,
+            adapter,
+            effective["purge_schedule"],
+            PurgeConfig(
+                max_age_days=effective["purge_max_age"],
+                dead_letter_max_age_days=effective["dead_letter_retention"],
+                limit=effective["purge_limit"],
+                rounds=effective["purge_round_limit"],
+                before_delete=before_delete,
+            ),
+            clock=clock,
+        ),
+        TtlRoutine(
+            engine,
+            adapter,
+            effective["ttl_schedule"],
+            TtlConfig(ttl_minutes=effective["item_ttl"]),
+            clock=clock,
+        ),
+    ]

@@ -1,0 +1,72 @@
+"""What every routine has: a validated config, ``run_once()``, a schedule, a lock.
+
+A routine is an object with a ``name`` (its lock's name too), a
+``schedule`` and ``run_once(dry_run=False)``, which does one round on a
+connection of its own and returns a :class:`RoutineResult` with its counts.
+``run_once`` takes no lock: the scheduler (``scheduler.py``) takes the
+routine's lock for the slot; ``sqla-queue maintenance run`` runs one now,
+beside the workers, which every routine is written to survive.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from sqlalchemy import Engine
+
+from ..adapters import Adapter
+from .clock import Clock, SystemClock
+from .queries import MaintenanceQueries
+from .timing import Schedule
+
+__all__ = ["Routine", "RoutineResult"]
+
+
+@dataclass
+class RoutineResult:
+    routine: str
+    #: what the round did, by name ("rescued", "deleted_rows", ...)
+    counts: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+    seconds: float = 0.0
+    #: a one-line error that ended the round early (nothing after it was done)
+    error: str | None = None
+
+    def describe(self) -> str:
+        """One line for logs and the command's output."""
+        what = ", ".join(f"{name.replace('_', ' ')} {count}" for name, count in self.counts.items())
+        head = f"{self.routine}{' (dry run)' if self.dry_run else ''}: {what or 'nothing to do'}"
+        tail = f"; stopped: {self.error}" if self.error else ""
+        return f"{head} in {self.seconds:.2f} s{tail}"
+
+
+class Routine(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(
+        self, engine: Engine, adapter: Adapter, schedule: Schedule, *, clock: Clock | None = None
+    ) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self.schedule = schedule
+        #: the time ages are measured on (the purge's, the TTL's)
+        self.clock = clock or SystemClock()
+        self.queries = MaintenanceQueries(adapter)
+        # one round at a time in this process (the start-up rescue and the
+        # scheduled one share the routine), so it needs one connection at most
+        self._running = threading.Lock()
+
+    def run_once(self, *, dry_run: bool = False) -> RoutineResult:
+        """One round now; ``dry_run`` counts what it would do and changes nothing."""
+        started = time.perf_counter()
+        with self._running:
+            result = self._round(dry_run)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    @abc.abstractmethod
+    def _round(self, dry_run: bool) -> RoutineResult: ...

@@ -1,0 +1,187 @@
+"""Purge: old finished chains are deleted, whole, in chunks.
+
+A *chain* here is a task's every row: its attempts (``id_inicial``) and its
+dead-letter run (``live_id``, with the run's own attempts). A chain is
+deleted when none of its rows is open (``agendada``, ``pendente``,
+``processando``) and its newest row's ``data_hora`` is older than
+``QUEUE_PURGE_MAX_AGE`` days (chains that went to the dead letter:
+``dead_letter_retention`` days, when set). Never part of a chain: a retry
+would lose its payload (kept on the first attempt), a dashboard its history.
+The reference deleted row by row on age alone, running tasks included.
+
+Rows are visited oldest id first, a bounded batch at a time; the chains
+they belong to are read whole (by ``id``, ``id_inicial`` and ``live_id``,
+each indexed), and the closed old ones are deleted in chunks of about
+``QUEUE_PURGE_LIMIT`` rows, a transaction each, at most
+``QUEUE_PURGE_ROUND_LIMIT`` chunks per round.
+
+``before_delete(conn, table, chain_ids)`` runs in each chunk's transaction
+just before its ``DELETE``, with the first-attempt ids of the chunk's
+chains; it may read and copy them (an archive). If it raises, the chunk's
+transaction rolls back, nothing of it is deleted, and the round stops and
+reports the error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, Table
+
+from ..adapters import Adapter
+from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
+from ..redaction import describe_error
+from .base import Routine, RoutineResult
+from .clock import Clock
+from .queries import OPEN_STATUSES, FamilyRow, family_key
+from .timing import Schedule
+
+__all__ = ["BeforeDelete", "PurgeConfig", "PurgeRoutine"]
+
+logger = logging.getLogger("sqla_queue.maintenance")
+
+BeforeDelete = Callable[[Connection, Table, Sequence[int]], None]
+
+
+@dataclass(frozen=True)
+class PurgeConfig:
+    #: chains whose newest row is older than this many days are deleted
+    max_age_days: float = 60.0
+    #: for chains that went to the dead letter; None: max_age_days
+    dead_letter_max_age_days: float | None = None
+    #: rows per chunk (one DELETE and one transaction)
+    limit: int = 1000
+    #: chunks per round at most
+    rounds: int = 100
+    #: called in each chunk's transaction before its DELETE (an archive)
+    before_delete: BeforeDelete | None = None
+
+    def __post_init__(self) -> None:
+        PURGE_MAX_AGE_DAYS.check("QUEUE_PURGE_MAX_AGE", self.max_age_days)
+        if self.dead_letter_max_age_days is not None:
+            PURGE_MAX_AGE_DAYS.check("dead_letter_retention", self.dead_letter_max_age_days)
+        PURGE_LIMIT.check("QUEUE_PURGE_LIMIT", self.limit)
+        PURGE_ROUNDS.check("QUEUE_PURGE_ROUND_LIMIT", self.rounds)
+        if self.before_delete is not None and not callable(self.before_delete):
+            raise ValueError(f"before_delete must be callable, not {self.before_delete!r}")
+
+
+@dataclass
+class _Family:
+    key: int
+    rows: list[FamilyRow]
+
+    @property
+    def open(self) -> bool:
+        return any(row[4] in OPEN_STATUSES for row in self.rows)
+
+    @property
+    def dead(self) -> bool:
+        return any(row[2] for row in self.rows)
+
+    def newest(self) -> dt.datetime | None:
+        times = [row[5] for row in self.rows]
+        return None if any(t is None for t in times) else max(t for t in times if t)
+
+
+class PurgeRoutine(Routine):
+    name = "purge"
+
+    def __init__(
+        self,
+        engine: Engine,
+        adapter: Adapter,
+        schedule: Schedule,
+        config: PurgeConfig | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(engine, adapter, schedule, clock=clock)
+        self.config = config or PurgeConfig()
+
+    def _round(self, dry_run: bool) -> RoutineResult:
+        config = self.config
+        now = self.clock.now()
+        cutoff = now - dt.timedelta(days=config.max_age_days)
+        dead_days = config.dead_letter_max_age_days
+        dead_cutoff = cutoff if dead_days is None else now - dt.timedelta(days=dead_days)
+        counts = {"chains": 0, "rows": 0, "chunks": 0, "open_chains_kept": 0}
+        after = 0
+        seen: set[int] = set()
+        error = None
+        with self.adapter.connect_maintenance(self.engine) as conn:
+            while counts["chunks"] < config.rounds:
+                with conn.begin():
+                    scanned = self.queries.purge_scan(
+                        conn, after=after, before=max(cutoff, dead_cutoff), limit=config.limit
+                    )
+                    if not scanned:
+                        break
+                    after = scanned[-1][0]
+                    keys = list(dict.fromkeys(family_key((*row, None, None)) for row in scanned))
+                    keys = [key for key in keys if key not in seen]
+                    seen.update(keys)
+                    families = self._families(conn, keys)
+                old = []
+                for family in families:
+                    if family.open:
+                        counts["open_chains_kept"] += 1
+                        continue
+                    newest = family.newest()
+                    limit = dead_cutoff if family.dead else cutoff
+                    if newest is not None and newest < limit:
+                        old.append(family)
+                for chunk in _chunks(old, config.limit):
+                    if counts["chunks"] >= config.rounds:
+                        break
+                    try:
+                        deleted = self._delete(conn, chunk, dry_run)
+                    except Exception as exc:
+                        error = describe_error(exc)
+                        logger.error("purge stopped: %s", error)
+                        break
+                    counts["chunks"] += 1
+                    counts["chains"] += len(chunk)
+                    counts["rows"] += deleted
+                if error is not None:
+                    break
+        return RoutineResult(self.name, counts, dry_run=dry_run, error=error)
+
+    def _families(self, conn: Connection, keys: list[int]) -> list[_Family]:
+        if not keys:
+            return []
+        by_key: dict[int, list[FamilyRow]] = {key: [] for key in keys}
+        for row in self.queries.family_rows(conn, keys=keys):
+            family = by_key.get(family_key(row))
+            if family is not None:
+                family.append(row)
+        return [_Family(key, rows) for key, rows in by_key.items() if rows]
+
+    def _delete(self, conn: Connection, chunk: list[_Family], dry_run: bool) -> int:
+        ids = [row[0] for family in chunk for row in family.rows]
+        if dry_run:
+            return len(ids)
+        with conn.begin():
+            hook = self.config.before_delete
+            if hook is not None:
+                hook(conn, self.adapter.table, [family.key for family in chunk])
+            return self.queries.delete_ids(conn, ids=ids)
+
+
+def _chunks(families: list[_Family], limit: int) -> list[list[_Family]]:
+    """Whole chains, about ``limit`` rows per chunk (a bigger chain alone)."""
+    chunks: list[list[_Family]] = []
+    current: list[_Family] = []
+    size = 0
+    for family in families:
+        if current and size + len(family.rows) > limit:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(family)
+        size += len(family.rows)
+    if current:
+        chunks.append(current)
+    return chunks

@@ -1,0 +1,157 @@
+"""The maintenance routines' statements, beside the adapter they extend.
+
+Portable SQLAlchemy Core, compiled once per queue table; the adapter gives
+what differs by dialect (its id matching, whether the database can ``SKIP
+LOCKED``). Times are bound from the routine's clock, so a test can move it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    any_,
+    bindparam,
+    cast,
+    delete,
+    select,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..adapters import Adapter
+from ..mixins import Status
+from ..types import UtcDateTime
+
+__all__ = ["CLOSED_STATUSES", "OPEN_STATUSES", "FamilyRow", "MaintenanceQueries"]
+
+#: a chain with a row in one of these is still running or waiting to run
+OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING.value)
+CLOSED_STATUSES = (Status.SUCCEEDED.value, Status.FAILED.value, Status.FAILED_PROCESSING.value)
+
+#: (id, id_inicial, dead, live_id, status, data_hora) of a row of a family
+FamilyRow = tuple[int, int | None, bool, int | None, str | None, dt.datetime | None]
+
+
+def family_key(row: FamilyRow) -> int:
+    """The chain a row belongs to, its dead-letter run included: the first
+    attempt's id (a dead run's rows carry it as ``live_id``)."""
+    task_id, initial_id, dead, live_id = row[0], row[1], row[2], row[3]
+    if dead and live_id is not None:
+        return live_id
+    return initial_id or task_id
+
+
+class MaintenanceQueries:
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        table = adapter.table
+        c = table.c
+        self.skip_locked = adapter.family in ("postgresql", "mysql") and getattr(
+            adapter, "skip_locked", True
+        )
+        before = bindparam("before", type_=UtcDateTime())
+        limit = bindparam("limit", type_=Integer, literal_execute=True)
+        self._stale_pending = (
+            select(c.id).where(c.status == Status.PENDING.value, c.data_hora <= before).limit(1)
+        )
+        expired = (
+            select(c.id)
+            .where(c.status == Status.PENDING.value, c.data_hora <= before)
+            .order_by(c.data_hora, c.id)
+            .limit(limit)
+        )
+        self._expired = expired.with_for_update(skip_locked=True) if self.skip_locked else expired
+        self._fail_pending = (
+            update(table)
+            .where(c.id == bindparam("b_id"), c.status == Status.PENDING.value)
+            .values(
+                status=bindparam("b_status"),
+                estouro_tentativas=True,
+                mensagem=bindparam("b_message"),
+            )
+        )
+        # oldest first by id: the primary key's order, which follows the
+        # insertion order that data_hora mostly follows too (a range scan
+        # instead of sorting every old row of the table in each chunk)
+        self._purge_scan = (
+            select(c.id, c.id_inicial, c.dead, c.live_id)
+            .where(
+                c.id > bindparam("after"),
+                c.data_hora < before,
+                c.status.in_(CLOSED_STATUSES),
+            )
+            .order_by(c.id)
+            .limit(limit)
+        )
+        family_columns = (c.id, c.id_inicial, c.dead, c.live_id, c.status, c.data_hora)
+        self._family = [
+            select(*family_columns).where(self._in(c.id, "keys")),
+            select(*family_columns).where(self._in(c.id_inicial, "keys")),
+            select(*family_columns).where(self._in(c.live_id, "keys")),
+        ]
+        self._delete = delete(table).where(self._in(c.id, "ids"), c.status.in_(CLOSED_STATUSES))
+
+    def _in(self, column: Any, name: str) -> ColumnElement[bool]:
+        """``column IN (:name...)``; on PostgreSQL one array parameter (a
+        thousand expanded parameters cost more to build than to run)."""
+        if self.adapter.family == "postgresql":
+            # imported here: only a PostgreSQL worker loads that dialect
+            from sqlalchemy.dialects.postgresql import ARRAY
+
+            matched: ColumnElement[bool] = column == any_(cast(bindparam(name), ARRAY(BigInteger)))
+            return matched
+        expanded: ColumnElement[bool] = column.in_(bindparam(name, expanding=True))
+        return expanded
+
+    # ------------------------------------------------------------ schedule
+    def pending_stale_exists(self, conn: Connection, *, before: dt.datetime) -> bool:
+        return conn.execute(self._stale_pending, {"before": before}).first() is not None
+
+    # ------------------------------------------------------------ ttl
+    def pending_expired_ids(
+        self, conn: Connection, *, before: dt.datetime, limit: int
+    ) -> list[int]:
+        """``pendente`` rows due before ``before``, oldest first, locked
+        (skipping rows a claim holds) where the database can."""
+        return list(conn.execute(self._expired, {"before": before, "limit": limit}).scalars())
+
+    def pending_fail(self, conn: Connection, *, task_id: int, status: str, message: str) -> bool:
+        """Mark one row failed if it is still ``pendente``; whether it was."""
+        params = {"b_id": task_id, "b_status": status, "b_message": message}
+        return bool(conn.execute(self._fail_pending, params).rowcount)
+
+    # ------------------------------------------------------------ purge
+    def purge_scan(
+        self, conn: Connection, *, after: int, before: dt.datetime, limit: int
+    ) -> list[tuple[int, int | None, bool, int | None]]:
+        params = {"after": after, "before": before, "limit": limit}
+        rows = conn.execute(self._purge_scan, params).all()
+        return [(row[0], row[1], bool(row[2]), row[3]) for row in rows]
+
+    def family_rows(self, conn: Connection, *, keys: Sequence[int]) -> list[FamilyRow]:
+        """Every row of the chains ``keys`` (their attempts and dead-letter
+        runs), each once. Three index look-ups rather than one ``OR``,
+        which not every planner turns into a union."""
+        seen: dict[int, FamilyRow] = {}
+        for statement in self._family:
+            for row in conn.execute(statement, {"keys": list(keys)}).all():
+                value: Any = row
+                seen[row[0]] = (
+                    value[0],
+                    value[1],
+                    bool(value[2]),
+                    value[3],
+                    value[4],
+                    UtcDateTime().process_result_value(value[5], conn.dialect),
+                )
+        return list(seen.values())
+
+    def delete_ids(self, conn: Connection, *, ids: Sequence[int]) -> int:
+        """Delete closed rows by id (a row that is not closed stays)."""
+        return int(conn.execute(self._delete, {"ids": list(ids)}).rowcount)

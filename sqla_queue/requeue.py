@@ -1,0 +1,153 @@
+"""Requeue from the dead letter: a dead task runs again, as a new chain.
+
+A task is *dead* when its chain ended in the dead letter: a dead-letter run
+(a row with ``dead`` true and ``id_inicial`` NULL, its *head*) exists for
+it. Requeueing inserts a new first attempt (``pendente``, attempt 1) with
+the dead task's payload, process, keys, tenant and priority, linked to the
+old chain: ``id_anterior`` (and ``data_hora_anterior``, ``status_anterior``,
+``mensagem_anterior``) name the dead-letter head, and ``live_id`` the
+original chain, as on the dead-letter rows. Each head is requeued once:
+the heads are locked (``FOR UPDATE``) and a head that already has a
+requeued chain is skipped, so two requeues at once revive a task once.
+
+Selection: by ids (a head's id or the original task's, ``live_id``), by
+process, by the head's time (``data_hora``: when the task went dead), or
+all; ``dry_run`` lists what would be requeued and writes nothing. It runs
+in the caller's transaction (``QueueClient.requeue_dead``) or in its own
+(``sqla-queue requeue``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, false, select, true
+
+from .adapters import Adapter
+from .exceptions import ConfigurationError
+from .manager import carried_columns
+from .mixins import Status
+from .records import TaskRecord
+
+__all__ = ["Requeued", "requeue_dead"]
+
+#: heads requeued per call at most (call again for more)
+MAX_REQUEUE = 10_000
+
+
+@dataclass(frozen=True)
+class Requeued:
+    #: the dead-letter run's first row
+    dead_id: int
+    #: the original task's first attempt (the chain that went dead)
+    live_id: int | None
+    process: str | None
+    #: the new chain's first attempt; None in a dry run
+    new_id: int | None
+
+
+def requeue_dead(
+    conn: Connection,
+    adapter: Adapter,
+    *,
+    ids: Iterable[int] | None = None,
+    process: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    all_dead: bool = False,
+    limit: int = MAX_REQUEUE,
+    dry_run: bool = False,
+) -> list[Requeued]:
+    """Requeue the dead tasks that match, on ``conn`` (no commit)."""
+    id_list = None if ids is None else sorted({int(i) for i in ids})
+    if id_list is None and process is None and since is None and until is None and not all_dead:
+        raise ConfigurationError("requeue_dead needs ids, a process, a time range, or all_dead")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_REQUEUE:
+        raise ConfigurationError(f"limit must be a whole number from 1 to {MAX_REQUEUE}")
+    c = adapter.table.c
+    heads = select(adapter.table).where(c.dead == true(), c.id_inicial.is_(None))
+    if id_list is not None:
+        heads = heads.where(c.id.in_(id_list) | c.live_id.in_(id_list))
+    if process is not None:
+        heads = heads.where(c.processo == process)
+    if since is not None:
+        heads = heads.where(c.data_hora >= _aware(since))
+    if until is not None:
+        heads = heads.where(c.data_hora < _aware(until))
+    heads = heads.order_by(c.id).limit(limit).with_for_update()
+    found = adapter._fetch_records(conn, heads, {})
+    if not found:
+        return []
+    done = _already_requeued(conn, adapter, found)
+    todo = [head for head in found if head.id not in done]
+    if dry_run or not todo:
+        return [Requeued(h.id, h.live_id, h.process, None) for h in todo]
+    payloads = _original_payloads(conn, adapter, [h for h in todo if h.payload_text is None])
+    rows = [_requeued_row(head, payloads) for head in todo]
+    new_ids = adapter.task_insert_many(conn, rows=rows)
+    return [
+        Requeued(head.id, head.live_id, head.process, new_id)
+        for head, new_id in zip(todo, new_ids, strict=True)
+    ]
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _link(head: TaskRecord) -> int:
+    """The ``live_id`` a requeued chain carries: the original chain's id
+    (a head that lost it, from the reference, links to itself)."""
+    return head.live_id if head.live_id is not None else head.id
+
+
+def _already_requeued(conn: Connection, adapter: Adapter, heads: list[TaskRecord]) -> set[int]:
+    """The heads that already have a requeued chain. A locking read: it sees
+    what another requeue committed while this one waited for the heads."""
+    c = adapter.table.c
+    links = sorted({_link(head) for head in heads})
+    statement = (
+        select(c.id_anterior)
+        .where(
+            c.live_id.in_(links),
+            c.dead == false(),
+            c.id_inicial.is_(None),
+            c.id_anterior.in_([head.id for head in heads]),
+        )
+        .with_for_update(read=True)
+    )
+    return {row[0] for row in conn.execute(statement)}
+
+
+def _original_payloads(
+    conn: Connection, adapter: Adapter, heads: list[TaskRecord]
+) -> dict[int, str | None]:
+    """Payloads from the original first attempts, for heads without one
+    (the reference's rescued dead rows lost theirs)."""
+    originals = sorted({head.live_id for head in heads if head.live_id is not None})
+    if not originals:
+        return {}
+    c = adapter.table.c
+    rows = conn.execute(select(c.id, c.payload).where(c.id.in_(originals)))
+    return {row[0]: row[1] for row in rows}
+
+
+def _requeued_row(head: TaskRecord, payloads: dict[int, str | None]) -> dict[str, Any]:
+    payload = head.payload_text
+    if payload is None and head.live_id is not None:
+        payload = payloads.get(head.live_id)
+    return {
+        **carried_columns(head),
+        "tentativa": 1,
+        "status": Status.PENDING.value,
+        "payload": payload,
+        "dead": False,
+        "live_id": _link(head),
+        "id_anterior": head.id,
+        "data_hora_anterior": head.run_at,
+        "status_anterior": head.status,
+        "mensagem_anterior": head.message,
+    }

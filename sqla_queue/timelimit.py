@@ -1,0 +1,218 @@
+"""Time limits: a handler past its limit is abandoned, its work rolled back.
+
+Python cannot kill a thread. A worker with a time limit therefore runs each
+handler on a helper thread of its lane, and the lane waits for it at most
+the task's limit. Past it, the lane:
+
+1. cancels the statement the handler's connection is running, if any
+   (PostgreSQL: the driver's cancel request; MySQL and MariaDB: ``KILL
+   QUERY`` from another connection);
+2. raises :class:`HandlerInterrupted` inside the handler's thread (CPython's
+   asynchronous exception): it surfaces at the handler's next Python
+   instruction, or when the cancelled statement returns;
+3. waits a short grace period for the handler to stop. If it did, its
+   savepoint is rolled back and the attempt fails with
+   :class:`TimeLimitExceeded`, in the batch as any failure; the lane goes on
+   with its next task.
+4. If it did not (it is blocked in C code: ``time.sleep``, a socket read
+   without a timeout, a C extension's loop), the lane abandons the thread
+   *and* its database connection: the attempt's failure is recorded on a
+   fresh connection, the batch's other tasks go back to ``pendente``, and
+   the lane carries on with new connections and a new helper thread. The
+   abandoned thread gets the exception when it returns to Python; its
+   connection is closed under it, so nothing it does later commits.
+
+What can and cannot be interrupted is in docs/lifecycle.md#time-limits.
+Workers without a time limit run handlers on the lane itself, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+from .exceptions import SqlaQueueError
+from .records import TaskRecord
+from .redaction import describe_error
+
+__all__ = ["GRACE_SECONDS", "HandlerInterrupted", "TimeLimitExceeded", "TimeLimiter"]
+
+logger = logging.getLogger("sqla_queue.worker")
+
+#: how long an interrupted handler has to stop before its thread is abandoned
+GRACE_SECONDS = 2.0
+
+Handler = Callable[[TaskRecord, Session], Any]
+
+
+class TimeLimitExceeded(SqlaQueueError):
+    """The handler ran past its time limit and was abandoned."""
+
+
+class HandlerInterrupted(BaseException):
+    """Raised inside a handler past its time limit. A BaseException, so that
+    a handler's ``except Exception`` does not swallow it."""
+
+
+def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``thread_id`` at its next Python instruction
+    (None clears one that is still pending)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+def interrupt_statement(conn: Connection) -> None:
+    """Cancel the statement ``conn`` is running, from another thread."""
+    dialect = conn.dialect.name
+    try:
+        dbapi_conn: Any = conn.connection.dbapi_connection
+        if dialect == "postgresql":
+            dbapi_conn.cancel()
+        elif dialect in ("mysql", "mariadb"):
+            thread_id = int(dbapi_conn.thread_id())
+            with conn.engine.connect() as other:
+                other.execute(text(f"KILL QUERY {thread_id}"))
+        # SQLite: sqlite3_interrupt would roll back the whole batch
+        # transaction; its statements are local, the thread is interrupted
+    except Exception as exc:  # the statement ended, or the connection did
+        logger.debug("could not cancel the handler's statement: %s", describe_error(exc))
+
+
+class _Job:
+    __slots__ = ("args", "done", "error", "function", "result")
+
+    def __init__(self, function: Handler, args: tuple[TaskRecord, Session]) -> None:
+        self.function = function
+        self.args = args
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _HandlerThread:
+    """One lane's helper thread: runs handlers handed to it, one at a time."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                try:
+                    job.result = job.function(*job.args)
+                except BaseException as exc:
+                    job.error = exc
+                finally:
+                    job.done.set()
+            except HandlerInterrupted:  # landed between jobs: nothing to stop
+                continue
+
+    def submit(self, job: _Job) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+class TimeLimiter:
+    """Runs handlers under their time limit (``limit_for(task)`` seconds;
+    None: no limit), on helper threads, one per lane thread."""
+
+    def __init__(
+        self,
+        limit_for: Callable[[TaskRecord], float | None],
+        *,
+        grace_seconds: float = GRACE_SECONDS,
+    ) -> None:
+        self.limit_for = limit_for
+        self.grace_seconds = grace_seconds
+        self._threads: dict[int, _HandlerThread] = {}
+        self._mutex = threading.Lock()
+
+    def wrap(self, handler: Handler, conn: Connection) -> Handler:
+        def limited(task: TaskRecord, session: Session) -> Any:
+            limit = self.limit_for(task)
+            if limit is None:
+                return handler(task, session)
+            return self._call(handler, task, session, limit, conn)
+
+        return limited
+
+    def close(self) -> None:
+        with self._mutex:
+            threads, self._threads = list(self._threads.values()), {}
+        for helper in threads:
+            helper.close()
+
+    def _helper(self) -> _HandlerThread:
+        lane = threading.get_ident()
+        with self._mutex:
+            helper = self._threads.get(lane)
+            if helper is None:
+                name = f"{threading.current_thread().name}-handler"
+                helper = self._threads[lane] = _HandlerThread(name)
+            return helper
+
+    def _call(
+        self, handler: Handler, task: TaskRecord, session: Session, limit: float, conn: Connection
+    ) -> Any:
+        helper = self._helper()
+        job = _Job(handler, (task, session))
+        helper.submit(job)
+        if not job.done.wait(limit):
+            ident = helper.thread.ident
+            assert ident is not None
+            interrupt_statement(conn)
+            _raise_in(ident, HandlerInterrupted)
+            stopped = job.done.wait(self.grace_seconds)
+            if stopped:
+                _raise_in(ident, None)  # it may have returned before the exception landed
+            message = f"the handler ran past its time limit of {limit:g} s and was abandoned"
+            if not stopped:
+                # blocked in C: leave the thread and its connection behind
+                with self._mutex:
+                    self._threads.pop(threading.get_ident(), None)
+                helper.close()
+                logger.warning(
+                    "task %s: the handler did not stop within %g s of its interruption; "
+                    "its thread and connection are abandoned",
+                    task.id,
+                    self.grace_seconds,
+                )
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
+                raise TimeLimitExceeded(message)
+            if job.error is None:
+                return job.result  # it finished at the deadline: its work stands
+            if isinstance(job.error, HandlerInterrupted) or _cancelled(job.error):
+                raise TimeLimitExceeded(message) from None
+        if job.error is not None:
+            if isinstance(job.error, HandlerInterrupted):
+                # a limit that fired for an earlier call of this thread
+                raise TimeLimitExceeded("the handler was interrupted") from None
+            raise job.error
+        return job.result
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """A driver error saying the statement was cancelled (by us)."""
+    orig = getattr(exc, "orig", exc)
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate == "57014":  # query_canceled
+        return True
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    return bool(args) and args[0] in (1317, 1927)  # query interrupted / connection killed
