@@ -314,18 +314,13 @@ def add_queue_schema(table: Table, channel: str) -> None:
     # A chain's rows: its retries (id_inicial) and its dead-letter run
     # (live_id). The purge reads whole chains through them. Partial where the
     # dialect can: a first attempt, most rows, has neither and costs nothing.
-    Index(
-        derived_identifier(name, "inicial", "ix_"),
-        c.id_inicial,
-        postgresql_where=c.id_inicial.is_not(None),
-        sqlite_where=c.id_inicial.is_not(None),
-    )
-    Index(
-        derived_identifier(name, "live", "ix_"),
-        c.live_id,
-        postgresql_where=c.live_id.is_not(None),
-        sqlite_where=c.live_id.is_not(None),
-    )
+    for suffix, column in (("inicial", c.id_inicial), ("live", c.live_id)):
+        index(
+            suffix,
+            column,
+            postgresql_where=column.is_not(None),
+            sqlite_where=column.is_not(None),
+        )
     # Time-range queries only (dashboards, retention): on PostgreSQL a BRIN
     # index, a few pages that an insert rarely touches, since data_hora grows
     # with the insertion order.
