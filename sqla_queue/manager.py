@@ -361,6 +361,7 @@ class TaskManager:
                 "reenfileirado": True,
                 "mensagem": message,
                 "proxima_tentativa": next_at,
+                "finished_at": self.adapter.clock(),
             }
             if not self._update_claimed(conn, task, values, rescued=rescued):
                 return False
@@ -369,7 +370,12 @@ class TaskManager:
             )
             return True
         message = fit_message(error, MESSAGE_MAX_LENGTH, EXHAUSTED_SUFFIX)
-        values = {"status": failed_status, "estouro_tentativas": True, "mensagem": message}
+        values = {
+            "status": failed_status,
+            "estouro_tentativas": True,
+            "mensagem": message,
+            "finished_at": self.adapter.clock(),
+        }
         if not self._update_claimed(conn, task, values, rescued=rescued):
             return False
         if task.dead:

@@ -229,7 +229,9 @@ SEED_COLUMNS = [
 
 # sqla-queue's own columns, after the seed's: the claim's owner and lease
 LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
-TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS
+# and when each attempt was claimed and ended
+TIMING_COLUMNS = ["started_at", "finished_at"]
+TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS
 
 
 def lock_waits(engine: Engine, table_name: str) -> int:

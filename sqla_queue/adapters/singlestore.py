@@ -42,6 +42,7 @@ class SingleStoreAdapter(MySQLAdapter):
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("owner"),
                 lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
             )
         )
 
