@@ -12,6 +12,7 @@ import click
 
 from .exceptions import SqlaQueueError, WorkerImportError
 from .settings import Settings
+from .spark.cli import spark
 from .worker import WorkerBase
 
 
@@ -84,6 +85,9 @@ def worker(
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
+
+
+main.add_command(spark)
 
 
 if __name__ == "__main__":  # pragma: no cover
