@@ -27,8 +27,9 @@ from sqla_queue import install, uninstall
 from sqla_queue.settings import normalize_url
 from tests.app import App, build
 
-# PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests
-pytest_plugins = ["tests.servers"]
+# PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests;
+# the SparkSession the Spark tests share
+pytest_plugins = ["tests.servers", "tests.spark_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URLS = {

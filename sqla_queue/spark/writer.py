@@ -136,7 +136,9 @@ def _maps_as_dicts(value: Any, arrow_type: Any) -> Any:
         return {k: _maps_as_dicts(v, arrow_type.item_type) for k, v in value}
     if pa.types.is_struct(arrow_type):
         return {f.name: _maps_as_dicts(value[f.name], f.type) for f in arrow_type}
-    return [_maps_as_dicts(v, arrow_type.value_type) for v in value]
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return [_maps_as_dicts(v, arrow_type.value_type) for v in value]
+    return value
 
 
 def python_values(column: Any) -> list[Any]:
