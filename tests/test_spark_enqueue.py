@@ -175,6 +175,9 @@ class CountingWorker(WorkerBase):
         return None
 
 
+# 200,000 on PostgreSQL, the acceptance; 20,000 on MariaDB, whose
+# workers claim more slowly (the same code path, a tenth of the time)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("database", "rows"), [("postgresql", 200_000), ("mysql", 20_000)], ids=["postgresql", "mysql"]
 )
@@ -196,13 +199,7 @@ def test_enqueued_rows_are_all_processed_and_a_rerun_with_dedupe_adds_nothing(
     with created_engine(url.render_as_string(hide_password=False), app.Base.metadata) as engine:
         started = time.monotonic()
         first = enqueue_dataframe(
-            frame,
-            url,
-            app.Task,
-            process="faturar",
-            external_key_col="invoice",
-            tenant_col="tenant",
-            dedupe=True,
+            frame, url, app.Task, process="faturar", external_key_col="invoice", tenant_col="tenant"
         )
         enqueue_seconds = time.monotonic() - started
         assert (first.rows, first.enqueued, first.duplicates) == (rows, rows, 0)
@@ -212,7 +209,7 @@ def test_enqueued_rows_are_all_processed_and_a_rerun_with_dedupe_adds_nothing(
 
         assert (
             Worker().run(
-                engine=engine, burst=True, concurrency=2, batch_size=500, settings=Settings()
+                engine=engine, burst=True, concurrency=2, batch_size=1000, settings=Settings()
             )
             == 0
         )

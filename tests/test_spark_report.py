@@ -144,7 +144,8 @@ def _fill(engine: Engine, app: App, now: dt.datetime) -> None:
     table = app.Task.__table__
     with engine.begin() as conn:
         for day in (1, 2, 3):
-            start = now - dt.timedelta(days=day, hours=2)
+            # 10:00 UTC: the chains of a day (and their dead-letter runs) stay on it
+            start = (now - dt.timedelta(days=day)).replace(hour=10, minute=0, second=0)
             for i in range(6):
                 add_chain(
                     conn,

@@ -98,8 +98,10 @@ def _spark_type(column: Any) -> DataType:
     came (JDBC, or the purge's connection), so the dataset has one schema."""
     from pyspark.sql import types as T
 
+    # a TypeDecorator (UtcDateTime, PayloadHash) says "object": ask its impl
+    column_type = getattr(column.type, "impl_instance", column.type)
     try:
-        python_type = column.type.python_type
+        python_type = column_type.python_type
     except NotImplementedError:
         return T.StringType()
     if python_type is bool:
@@ -261,21 +263,18 @@ def append_families(spark: SparkSession, rows: DataFrame, dataset: _Dataset) -> 
         return 0, 0
     archived = dataset.archived_ids(int(bounds[1]), int(bounds[2]))
     fresh = rows if archived is None else rows.join(archived, "id", "left_anti")
-    fresh = fresh.drop("_root").cache()
-    try:
-        written = fresh.count()
-        if written:
-            run = f"{utcnow():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-            staging = dataset.stage(fresh, run)
-            staged = dataset.count(staging)
-            if staged != (written, written):
-                raise SparkJobError(
-                    f"archive check failed: {written} rows written, {staged[0]} read back "
-                    f"({staged[1]} distinct) in {staging}; nothing was deleted"
-                )
-            dataset.publish(staging, run)
-    finally:
-        fresh.unpersist()
+    fresh = fresh.drop("_root")
+    written = fresh.count()
+    if written:
+        run = f"{utcnow():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+        staging = dataset.stage(fresh, run)
+        staged = dataset.count(staging)
+        if staged != (written, written):
+            raise SparkJobError(
+                f"archive check failed: {written} rows written, {staged[0]} read back "
+                f"({staged[1]} distinct) in {staging}; nothing was deleted"
+            )
+        dataset.publish(staging, run)
     present = dataset.count(dataset.path, rows.select("id").where(F.col("id").isNotNull()))
     if present != (total, total):
         raise SparkJobError(
@@ -373,10 +372,11 @@ def _archive(
     rows = closed_families(frame, cutoff).cache()
     try:
         written, already = append_families(spark, rows, dataset)
-        families = rows.select("_root").distinct().count()
+        pairs = sorted((row["_root"], row["id"]) for row in rows.select("_root", "id").collect())
+        families = len({root for root, _ in pairs})
         total = written + already
         deleted = skipped = 0
-        for roots, ids in _chunks(rows, chunk_families):
+        for roots, ids in _chunks(pairs, chunk_families):
             done = _delete_chunk(engine, table, roots, ids)
             deleted += done
             skipped += 0 if done else len(roots)
@@ -385,18 +385,20 @@ def _archive(
     return ArchiveResult(families, total, written, already, deleted, skipped)
 
 
-def _chunks(rows: DataFrame, size: int) -> Iterator[tuple[list[int], list[int]]]:
-    """(families, row ids) ``size`` families at a time, by family."""
+def _chunks(
+    pairs: Sequence[tuple[int, int]], size: int
+) -> Iterator[tuple[list[int], list[int]]]:
+    """(families, row ids) ``size`` families at a time, from sorted (family,
+    id) pairs. The driver holds them: 16 bytes a row."""
     roots: list[int] = []
     ids: list[int] = []
-    for row in rows.select("_root", "id").orderBy("_root", "id").toLocalIterator():
-        root = row["_root"]
+    for root, row_id in pairs:
         if not roots or roots[-1] != root:
             if len(roots) == size:
                 yield roots, ids
                 roots, ids = [], []
             roots.append(root)
-        ids.append(row["id"])
+        ids.append(row_id)
     if roots:
         yield roots, ids
 

@@ -185,6 +185,15 @@ def _run(frame: DataFrame, spec: WriteSpec) -> EnqueueResult:
         results = frame.mapInArrow(write, writer.RESULT_SCHEMA).collect()
     except Exception as exc:
         raise SparkJobError(f"the enqueue job failed: {writer.cause_of(exc)}") from None
+    errors = sorted((r["partition"], r["error"]) for r in results if r["error"])
+    if errors:
+        partition, error = errors[0]
+        others = f" (and {len(errors) - 1} other partitions)" if len(errors) > 1 else ""
+        written = sum(r["enqueued"] for r in results)
+        raise SparkJobError(
+            f"the enqueue job failed: partition {partition}{others}: {error}; the failed "
+            f"partitions wrote nothing, the others {written:,} tasks"
+        )
     return EnqueueResult(
         rows=sum(r["rows"] for r in results),
         enqueued=sum(r["enqueued"] for r in results),

@@ -24,6 +24,7 @@ names it and how to install it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,8 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["JDBC_DRIVERS", "JdbcDriver", "find_java", "jdbc_jars", "spark_session"]
 
 DEFAULT_MASTER = "local[*]"
-#: shuffle partitions for a local master (Spark's default, 200, is for clusters)
-LOCAL_SHUFFLE_PARTITIONS = 4
+_LOCAL_CORES = re.compile(r"local\[(\d+)")
 JARS_VARIABLE = "SQLA_QUEUE_SPARK_JARS"
 
 
@@ -118,6 +118,11 @@ def jdbc_jars(
     return jars
 
 
+def _local_cores(master: str) -> int:
+    match = _LOCAL_CORES.match(master)
+    return max(int(match.group(1)) if match else os.cpu_count() or 2, 1)
+
+
 def _log_config() -> str:
     return str(resources.files("sqla_queue.spark").joinpath("log4j2.properties"))
 
@@ -163,7 +168,8 @@ def spark_session(
             {
                 "spark.pyspark.python": sys.executable,
                 "spark.pyspark.driver.python": sys.executable,
-                "spark.sql.shuffle.partitions": str(LOCAL_SHUFFLE_PARTITIONS),
+                # one per core (Spark's default, 200, is for clusters)
+                "spark.sql.shuffle.partitions": str(_local_cores(master)),
                 "spark.ui.enabled": "false",
             }
         )

@@ -18,7 +18,9 @@ with a message that names the column and shows the row.
 Deduplication (``dedupe=True``) skips a row whose key is already in the
 table, in any status, or earlier in the same job. The key is (process,
 tenant, external key) when an external key column is given, else (process,
-tenant, payload hash) among tasks without an external key. To hold when two
+tenant, payload hash) among tasks without an external key; either way
+among tasks with a payload, which every row must then have (the lookup
+uses the equivalence index, which holds only those). To hold when two
 partitions, two attempts of one Spark task, or two jobs write the same key
 at once, each partition first takes a lock per key bucket it holds (the
 driver sends all rows of a bucket to one partition), in ascending order, so
@@ -55,7 +57,7 @@ __all__ = ["BadRowError", "WriteSpec", "write_partition"]
 #: for each other only on the buckets they share
 LOCK_BUCKETS = 256
 LOCK_WAIT_SECONDS = 600
-EXISTING_KEYS_PER_QUERY = 500
+EXISTING_KEYS_PER_QUERY = 2000
 EXTERNAL_KEY_MAX_LENGTH = 100  # chave_externa varchar(100)
 ROW_SHOWN_MAX_CHARS = 300
 #: what the driver looks for in a failed job's text to show the cause alone
@@ -69,7 +71,7 @@ RUN_AT = "__sqlaq_run_at"
 BUCKET = "__sqlaq_bucket"
 RESERVED = (KEY, TENANT, PRIORITY, RUN_AT, BUCKET)
 #: the schema of the rows write_partition yields (one per partition)
-RESULT_SCHEMA = "partition int, rows long, enqueued long, duplicates long"
+RESULT_SCHEMA = "partition int, rows long, enqueued long, duplicates long, error string"
 
 
 class BadRowError(SqlaQueueError):
@@ -227,11 +229,12 @@ def _existing_keys(
 ) -> set[tuple[Any, Any]]:
     """Which (tenant, key) pairs the table has already, for the process."""
     c = adapter.table.c
+    # served by the equivalence index (chave_externa, payload_hash, status),
+    # partial on payload_hash IS NOT NULL where the database can: without
+    # that condition PostgreSQL scans the table for every lookup
     if spec.dedupe == "key":
-        key_column, where = c.chave_externa, []
+        key_column, where = c.chave_externa, [c.payload_hash.is_not(None)]
     else:
-        # chave_externa IS NULL: the equivalence index (chave_externa,
-        # payload_hash, status) serves the lookup
         key_column, where = c.payload_hash, [c.chave_externa.is_(None)]
     statement = select(c.tenant, key_column).where(
         c.processo == spec.process, key_column.in_(bindparam("keys", expanding=True)), *where
@@ -318,10 +321,12 @@ def _check_key(
             "is null (dedupe needs a key on every row)",
             _user_row(spec, payload, values),
         )
-    if spec.dedupe == "hash" and row["payload_hash"] is None:
+    if spec.dedupe and row["payload_hash"] is None:
+        # the lookup goes through the equivalence index, which holds the
+        # tasks that have a payload (a partial index on PostgreSQL and SQLite)
         raise _bad_row(
             ",".join(spec.payload_columns) or "payload",
-            "gives an empty payload (dedupe without an external key needs a payload)",
+            "gives an empty payload (dedupe needs a payload on every row)",
             _user_row(spec, payload, values),
         )
 
@@ -347,6 +352,7 @@ def write_partition(spec: WriteSpec, batches: Iterable[Any]) -> Iterator[Any]:
     table = resolve_table(spec.table)
     engine = create_engine(spec.url, poolclass=NullPool)
     counts = {"rows": 0, "enqueued": 0, "duplicates": 0}
+    error = None
     try:
         adapter = adapter_for(engine.dialect, table, spec.channel)
         adapter.prepare_engine(engine)
@@ -357,6 +363,11 @@ def write_partition(spec: WriteSpec, batches: Iterable[Any]) -> Iterator[Any]:
             _write(conn, adapter, spec, batches, counts)
         finally:
             conn.close()
+    except BadRowError as exc:
+        # the partition rolled back. Reported, not raised: a retry of the
+        # task would fail the same way, and the Python worker lives on
+        error = str(exc).removeprefix(ERROR_MARK)
+        counts = dict.fromkeys(counts, 0)
     except SqlaQueueError:
         raise
     except Exception as exc:
@@ -368,8 +379,9 @@ def write_partition(spec: WriteSpec, batches: Iterable[Any]) -> Iterator[Any]:
     finally:
         engine.dispose()
     counters = [(name, pa.int64()) for name in ("rows", "enqueued", "duplicates")]
-    schema = pa.schema([("partition", pa.int32()), *counters])
-    yield pa.RecordBatch.from_pylist([{"partition": partition, **counts}], schema=schema)
+    schema = pa.schema([("partition", pa.int32()), *counters, ("error", pa.string())])
+    result = {"partition": partition, **counts, "error": error}
+    yield pa.RecordBatch.from_pylist([result], schema=schema)
 
 
 def _write(
