@@ -385,9 +385,7 @@ def _archive(
     return ArchiveResult(families, total, written, already, deleted, skipped)
 
 
-def _chunks(
-    pairs: Sequence[tuple[int, int]], size: int
-) -> Iterator[tuple[list[int], list[int]]]:
+def _chunks(pairs: Sequence[tuple[int, int]], size: int) -> Iterator[tuple[list[int], list[int]]]:
     """(families, row ids) ``size`` families at a time, from sorted (family,
     id) pairs. The driver holds them: 16 bytes a row."""
     roots: list[int] = []
