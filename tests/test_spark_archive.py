@@ -137,64 +137,64 @@ def test_archive_moves_old_closed_families_whole_and_a_rerun_does_nothing(
 # the job's steps are the same on every database: the crashes run on
 # PostgreSQL, the hook on MariaDB (each Spark job costs seconds)
 @pytest.mark.parametrize("jdbc_url", ["postgresql"], indirect=True)
-@pytest.mark.parametrize("where", ["publish", "delete"])
-def test_a_crash_between_archive_and_delete_neither_loses_nor_duplicates(
-    spark: Any,
-    jdbc_app: tuple[App, Engine],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    where: str,
+def test_crashes_between_archive_and_delete_neither_lose_nor_duplicate(
+    spark: Any, jdbc_app: tuple[App, Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app, engine = jdbc_app
     table = app.Task.__table__
     made = _fill(engine, table)
     path = tmp_path / "archive"
-    before = len(_ids(engine, table))
+    every = sorted(made["archived"] + made["kept"])
 
-    if where == "publish":
-        # the files are staged and checked, and the run dies moving them:
-        # the first one moved, the others left in _staging
-        original = archive_module._Dataset.publish
+    def run() -> Any:
+        return archive_chains(
+            spark, engine.url, table, str(path), retention_days=RETENTION_DAYS, now=NOW
+        )
 
-        def publish_one(self: Any, staging: str, run: str) -> int:
-            fs, path_class = self.fs, self._path_class
-            files = [
-                status.getPath()
-                for day in fs.listStatus(path_class(staging))
-                if day.isDirectory()
-                for status in fs.listStatus(day.getPath())
-                if status.getPath().getName().endswith(".parquet")
-            ]
-            target = self._child(files[0].getParent().getName())
-            fs.mkdirs(target)
-            fs.rename(files[0], path_class(target, f"{run}-{files[0].getName()}"))
-            raise Crash()
+    # 1. the files are staged and checked, and the run dies moving them: the
+    # first file moved, the others left in _staging
+    def publish_one(self: Any, staging: str, run_id: str) -> int:
+        fs, path_class = self.fs, self._path_class
+        files = [
+            status.getPath()
+            for day in fs.listStatus(path_class(staging))
+            if day.isDirectory()
+            for status in fs.listStatus(day.getPath())
+            if status.getPath().getName().endswith(".parquet")
+        ]
+        target = self._child(files[0].getParent().getName())
+        fs.mkdirs(target)
+        fs.rename(files[0], path_class(target, f"{run_id}-{files[0].getName()}"))
+        raise Crash()
 
-        monkeypatch.setattr(archive_module._Dataset, "publish", publish_one)
-    else:
-        # everything is in the dataset, and the run dies before its first delete
-        def crash(*args: Any) -> int:
-            raise Crash()
-
-        monkeypatch.setattr(archive_module, "_delete_chunk", crash)
-    with pytest.raises(Crash):
-        archive_chains(spark, engine.url, table, str(path), retention_days=RETENTION_DAYS, now=NOW)
-    assert len(_ids(engine, table)) == before  # nothing deleted
+    with monkeypatch.context() as patch:
+        patch.setattr(archive_module._Dataset, "publish", publish_one)
+        with pytest.raises(Crash):
+            run()
     partial = _archived(spark, path)
+    assert 0 < len(partial) < len(made["archived"])
     assert len(partial) == len(set(partial)) and set(partial) <= set(made["archived"])
-    if where == "publish":
-        monkeypatch.setattr(archive_module._Dataset, "publish", original)
-    else:
-        monkeypatch.undo()
+    assert _ids(engine, table) == every  # nothing deleted
 
-    rerun = archive_chains(
-        spark, engine.url, table, str(path), retention_days=RETENTION_DAYS, now=NOW
-    )
-    assert rerun.already_archived == len(partial)
-    assert rerun.written + rerun.already_archived == rerun.deleted == len(made["archived"])
+    # 2. the next run writes the rest, and dies before its first delete
+    def crash(*args: Any) -> int:
+        raise Crash()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(archive_module, "_delete_chunk", crash)
+        with pytest.raises(Crash):
+            run()
+    assert _archived(spark, path) == sorted(made["archived"])
+    assert _ids(engine, table) == every
+
+    # 3. the next run finds every row in the dataset, writes none, deletes
+    rerun = run()
+    assert (rerun.written, rerun.already_archived) == (0, len(made["archived"]))
+    assert rerun.deleted == len(made["archived"])
     assert _archived(spark, path) == sorted(made["archived"])
     assert _ids(engine, table) == sorted(made["kept"])
-    assert not any((path / "_staging").iterdir()) if (path / "_staging").exists() else True
+    staging = path / "_staging"
+    assert not staging.exists() or not any(staging.iterdir())
 
 
 def _purge(conn: Connection, table: Table, roots: list[int], hook: ArchiveHook, crash: bool) -> int:

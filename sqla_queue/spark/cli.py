@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..exceptions import ConfigurationError, SqlaQueueError
+from ..identifiers import split_table_name
 from ..settings import database_url, normalize_url
 from ..types import dialect_family
 
@@ -40,7 +41,10 @@ def _pairs(values: Sequence[str], option: str) -> dict[str, str]:
     return pairs
 
 
-def _url(url: str | None) -> str:
+def _url(url: str | None, table: str) -> str:
+    """The database URL, with the table name checked too: both before Spark
+    starts (seconds), so that a typo costs nothing."""
+    split_table_name(table)
     resolved = normalize_url(url) if url else database_url()
     if resolved is None:
         raise ConfigurationError("no database: give --url, or set SQLA_QUEUE_URL (or DB_*)")
@@ -154,7 +158,7 @@ def enqueue(
         from .enqueue import enqueue_dataframe
         from .progress import Progress
 
-        database = _url(url)
+        database = _url(url, table)
         options = _pairs(source_options, "--option")
         with _session(master, jdbc_jars, conf, database, jdbc=False) as session:
             frame = session.read.format(source_format).options(**options).load(source)
@@ -203,7 +207,7 @@ def report(
         from .analytics import queue_report
         from .progress import Progress
 
-        database = _url(url)
+        database = _url(url, table)
         with (
             _session(master, jdbc_jars, conf, database, jdbc=True) as session,
             Progress(session, "report", _echo),
@@ -245,7 +249,7 @@ def archive(
         from .archive import archive_chains
         from .progress import Progress
 
-        database = _url(url)
+        database = _url(url, table)
         retention = _retention(retention_days)
         with (
             _session(master, jdbc_jars, conf, database, jdbc=True) as session,
