@@ -76,9 +76,13 @@ def _summary_rows(frame: Any, label: Any) -> list[str]:
 
 
 def _throughput(value: Any) -> str:
+    """Per second, or per minute or hour when that reads better than 0.0/s."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return f"{float(value):,.1f}/s"
+    for unit, seconds in (("s", 1), ("min", 60), ("h", 3600)):
+        if float(value) * seconds >= 1 or unit == "h":
+            return f"{float(value) * seconds:,.1f}/{unit}"
+    return "–"  # pragma: no cover
 
 
 def _plots(out: Path, figures: Any, by_day: Any) -> list[tuple[str, str]]:
