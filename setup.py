@@ -15,7 +15,7 @@ setup(
     ],
     package_dir={"sqla_queue.alembic_templates": "alembic_templates"},
     package_data={
-        "sqla_queue": ["py.typed"],
+        "sqla_queue": ["py.typed", "spark/log4j2.properties"],
         "sqla_queue.alembic_templates": ["*/README", "*/*.mako", "*/*.py"],
     },
 )

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install the system packages the tests need besides the database servers:
 # PgBouncer (tests/servers.py starts pgbouncer processes of its own; the Debian
-# service is not used), and the databases' command-line clients, which
-# tests/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3). Does nothing when everything is there; runs apt-get
+# service is not used), the databases' command-line clients, which
+# tests/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3),
+# and for the Spark tests a Java runtime and the JDBC drivers Spark reads the
+# queue tables with (PySpark bundles none, and Maven is not reachable: Debian's
+# jars, at the paths sqla_queue.spark looks at). Does nothing when everything is there; runs apt-get
 # update only if apt-get cannot find a package without it. When it cannot
 # install (not root, no apt-get, no network) it says so and goes on: the tests
 # that need the package then skip, or fail under SQLA_QUEUE_REQUIRE_DATABASES=1.
@@ -15,6 +18,9 @@ command -v pgbouncer >/dev/null 2>&1 || missing+=(pgbouncer)
 command -v psql >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v mysql >/dev/null 2>&1 || missing+=(mariadb-client)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+[ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
+[ -f /usr/share/java/mariadb-java-client.jar ] || missing+=(libmariadb-java)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 warn() { echo "install-test-deps: $* (tests needing ${missing[*]} will skip)" >&2; exit 0; }

@@ -16,6 +16,7 @@ from .ddl import DIALECTS, queue_ddl
 from .exceptions import SqlaQueueError, WorkerImportError
 from .mixins import QueueMixin
 from .settings import Settings
+from .spark.cli import spark
 from .subscribers import SubscriberMixin
 from .worker import WorkerBase, WorkerWebhook
 
@@ -307,6 +308,9 @@ from .cli_maintenance import config, maintenance, requeue  # noqa: E402
 main.add_command(maintenance)
 main.add_command(requeue)
 main.add_command(config)
+
+
+main.add_command(spark)
 
 
 if __name__ == "__main__":  # pragma: no cover

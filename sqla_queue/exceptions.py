@@ -57,3 +57,11 @@ class SubscriberNotRegistered(SqlaQueueError):
 
 class FanOutError(SqlaQueueError):
     """A publication cannot be fanned out to its subscribers."""
+
+
+class SparkSetupError(ConfigurationError):
+    """Spark cannot start: PySpark, Java or a JDBC driver jar is missing."""
+
+
+class SparkJobError(SqlaQueueError):
+    """A Spark job of sqla-queue failed."""

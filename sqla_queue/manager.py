@@ -435,6 +435,7 @@ class TaskManager:
                 "reenfileirado": True,
                 "mensagem": message,
                 "proxima_tentativa": next_at,
+                "finished_at": self.adapter.clock(),
             }
             if not self._update_claimed(conn, task, values, rescued=rescued):
                 return False
@@ -444,7 +445,12 @@ class TaskManager:
             return True
         suffix = EXHAUSTED_SUFFIX if retry else NO_RETRY_SUFFIX
         message = fit_message(error, MESSAGE_MAX_LENGTH, suffix)
-        values = {"status": failed_status, "estouro_tentativas": True, "mensagem": message}
+        values = {
+            "status": failed_status,
+            "estouro_tentativas": True,
+            "mensagem": message,
+            "finished_at": self.adapter.clock(),
+        }
         if not self._update_claimed(conn, task, values, rescued=rescued):
             return False
         if task.dead:

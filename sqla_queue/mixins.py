@@ -43,7 +43,7 @@ from .identifiers import derived_identifier, validate_identifier
 from .payload import UNHASHED, PendingHash, decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
-__all__ = ["COLUMN_NAMES", "LEASE_COLUMNS", "QueueMixin", "Status"]
+__all__ = ["COLUMN_NAMES", "LEASE_COLUMNS", "OWN_COLUMNS", "TIMING_COLUMNS", "QueueMixin", "Status"]
 
 DEFAULT_PRIORITY = 50
 MESSAGE_MAX_LENGTH = 500  # varchar(500) in the reference DDL
@@ -51,6 +51,11 @@ WORKER_ID_MAX_LENGTH = 100
 #: the columns sqla-queue adds to the seed's (a table made by nsj-queue-lib
 #: needs them added before sqla-queue workers consume it: docs/lifecycle.md)
 LEASE_COLUMNS = ("worker_id", "lease_expires_at")
+#: when an attempt was claimed and when it ended: queue wait and run time
+#: (docs/spark-report.md), which the seed's columns cannot tell
+TIMING_COLUMNS = ("started_at", "finished_at")
+#: every column sqla-queue adds to the seed's
+OWN_COLUMNS = LEASE_COLUMNS + TIMING_COLUMNS
 
 
 class Status(str, enum.Enum):
@@ -127,6 +132,11 @@ class QueueMixin:
     # and completion is guarded by (status, worker_id). See docs/lifecycle.md.
     worker_id: Mapped[str | None] = mapped_column("worker_id", String(WORKER_ID_MAX_LENGTH))
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column("lease_expires_at", UtcDateTime)
+    # Ours too: the database's clock when the attempt was claimed and when it
+    # ended (sucesso, falha, or rescued as falha_processando). A task handed
+    # back unrun loses its started_at.
+    started_at: Mapped[dt.datetime | None] = mapped_column("started_at", UtcDateTime)
+    finished_at: Mapped[dt.datetime | None] = mapped_column("finished_at", UtcDateTime)
 
     @hybrid_property
     def payload(self) -> Any:

@@ -12,13 +12,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from .mixins import COLUMN_NAMES, LEASE_COLUMNS
+from .mixins import COLUMN_NAMES, OWN_COLUMNS
 from .payload import decode_payload
 
 #: English attribute -> seed column (the seed's ``tarefa`` dict keys)
-SEED_COLUMNS = {
-    name: column for name, column in COLUMN_NAMES.items() if column not in LEASE_COLUMNS
-}
+SEED_COLUMNS = {name: column for name, column in COLUMN_NAMES.items() if column not in OWN_COLUMNS}
 _ATTRIBUTES = {column: attribute for attribute, column in SEED_COLUMNS.items()}
 
 
@@ -77,6 +75,8 @@ class TaskRecord(SeedColumns):
     priority: int | None = None
     worker_id: str | None = None
     lease_expires_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
     #: columns of the user's model beyond sqla-queue's, by column name:
     #: carried to the task's retry and dead-letter rows
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -91,7 +91,7 @@ class TaskRecord(SeedColumns):
     def from_rows(cls, keys: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[TaskRecord]:
         """Build from result rows whose columns are named by ``keys``."""
         where = {key: i for i, key in enumerate(keys)}
-        # a table made by nsj-queue-lib may lack the lease columns: None
+        # a table made by nsj-queue-lib may lack sqla-queue's columns: None
         index = [where.get(column) for column in _COLUMN_ORDER]
         extra = [
             (key, i)

@@ -27,8 +27,9 @@ from sqla_queue import install, uninstall
 from sqla_queue.settings import normalize_url
 from tests.app import App, build
 
-# PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests
-pytest_plugins = ["tests.servers"]
+# PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests;
+# the SparkSession the Spark tests share
+pytest_plugins = ["tests.servers", "tests.spark_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_URLS = {
@@ -260,7 +261,9 @@ SEED_COLUMNS = [
 
 # sqla-queue's own columns, after the seed's: the claim's owner and lease
 LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
-TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS
+# and when each attempt was claimed and ended
+TIMING_COLUMNS = ["started_at", "finished_at"]
+TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS
 
 
 def lock_waits(engine: Engine, table_name: str) -> int:

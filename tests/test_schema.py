@@ -121,6 +121,8 @@ def test_postgresql_column_types_match_the_reference_ddl(engine: Engine, table_n
         **REFERENCE_PG_TYPES,
         "worker_id": ("character varying", 100),
         "lease_expires_at": ("timestamp with time zone", None),
+        "started_at": ("timestamp with time zone", None),
+        "finished_at": ("timestamp with time zone", None),
     }
 
 

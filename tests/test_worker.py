@@ -124,6 +124,32 @@ def test_success_commits_the_handler_effect_together_with_sucesso(
     ]
 
 
+def test_every_attempt_records_when_it_was_claimed_and_when_it_ended(
+    engine: Engine, app: App, installed: None
+) -> None:
+    class Worker(app.RecordingWorker):
+        max_retry = 2
+
+    enqueue(engine, app, {"n": 1}, {"fail": "always"})
+    drain(Worker, engine)
+
+    rows = tasks(engine, app)
+    # the success, two failed attempts, the dead-letter run
+    assert [(t.status, t.dead) for t in rows] == [
+        ("sucesso", False),
+        ("falha", False),
+        ("falha", False),
+        ("sucesso", True),
+    ]
+    for task in rows:
+        assert task.started_at is not None and task.finished_at is not None
+        # started_at and finished_at are the database's clock; the run time
+        # (claim to end) is never negative
+        assert task.started_at <= task.finished_at
+    retry = rows[2]
+    assert retry.started_at >= rows[1].finished_at
+
+
 def test_message_longer_than_the_column_is_cut_and_the_task_still_succeeds(
     engine: Engine, app: App, installed: None
 ) -> None:

@@ -49,7 +49,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
-from ..mixins import LEASE_COLUMNS, Status
+from ..mixins import OWN_COLUMNS, Status
 from ..records import TaskRecord
 from ..types import UtcDateTime, utcnow
 
@@ -250,7 +250,9 @@ class Adapter:
         self._complete = (
             update(table)
             .where(self._id_in("ids"), *claimed)
-            .values(status=Status.SUCCEEDED.value, mensagem=SUCCESS_MESSAGE)
+            .values(
+                status=Status.SUCCEEDED.value, mensagem=SUCCESS_MESSAGE, finished_at=self.clock()
+            )
         )
         self._complete_custom = (
             update(table).where(c.id == bindparam("b_id")).values(mensagem=bindparam("b_message"))
@@ -258,7 +260,9 @@ class Adapter:
         self._hand_back = (
             update(table)
             .where(self._id_in("ids"), *claimed)
-            .values(status=Status.PENDING.value, worker_id=None, lease_expires_at=None)
+            .values(
+                status=Status.PENDING.value, worker_id=None, lease_expires_at=None, started_at=None
+            )
         )
         self._renew = (
             update(table)
@@ -313,6 +317,11 @@ class Adapter:
     def now(self) -> ColumnElement[dt.datetime]:
         """The current time in SQL (the application's clock by default)."""
         return bindparam("now", callable_=utcnow, type_=UtcDateTime())
+
+    def clock(self) -> ColumnElement[dt.datetime]:
+        """The current time in SQL when the statement runs, not when its
+        transaction began (``started_at``, ``finished_at``)."""
+        return self.now()
 
     def _id_in(self, name: str) -> ColumnElement[bool]:
         return self.table.c.id.in_(bindparam(name, expanding=True))
@@ -626,7 +635,7 @@ class Adapter:
             column["name"]
             for column in inspect(conn).get_columns(self.table.name, schema=self.table.schema)
         }
-        return [name for name in LEASE_COLUMNS if name not in present]
+        return [name for name in OWN_COLUMNS if name not in present]
 
     # ------------------------------------------------------------ wake-ups
     def notify(self, conn: Connection) -> None:

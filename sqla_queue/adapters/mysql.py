@@ -60,6 +60,7 @@ class MySQLAdapter(Adapter):
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("owner"),
                 lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
             )
         )
         self._lost = self._locking(self._lost)

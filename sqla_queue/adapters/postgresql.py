@@ -146,6 +146,7 @@ class PostgresAdapter(Adapter):
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("owner"),
                 lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
             )
             .returning(*returned)
         )
@@ -214,6 +215,11 @@ class PostgresAdapter(Adapter):
 
     def now(self) -> ColumnElement[dt.datetime]:
         return func.now()
+
+    def clock(self) -> ColumnElement[dt.datetime]:
+        # now() is the transaction's start: a batch's sucesso would be dated
+        # before its handlers ran
+        return func.clock_timestamp()
 
     def lease_deadline(self) -> ColumnElement[dt.datetime]:
         # the database's clock, the one the rescue compares it with

@@ -62,6 +62,7 @@ class SingleStoreAdapter(MySQLAdapter):
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("token"),
                 lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
             )
         )
         self._won = select(c.id).where(self._id_in("ids"), c.worker_id == bindparam("token"))

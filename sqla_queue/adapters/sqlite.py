@@ -66,6 +66,7 @@ class SQLiteAdapter(Adapter):
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("owner"),
                 lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
             )
             .returning(*c)
         )

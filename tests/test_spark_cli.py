@@ -1,0 +1,144 @@
+"""``sqla-queue spark enqueue|report|archive``: a real subprocess for what
+a user types first (its own JVM, so once), the shared session through
+click's runner for the rest, and the one-line errors before any JVM starts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine, func, select
+
+from sqla_queue.cli import main
+from tests.app import App
+from tests.conftest import run_cli
+from tests.spark_fixtures import add_chain
+
+
+def _count(engine: Engine, app: App, **where: Any) -> int:
+    with engine.connect() as conn:
+        statement = select(func.count()).select_from(app.Task)
+        for column, value in where.items():
+            statement = statement.where(getattr(app.Task, column) == value)
+        return int(conn.execute(statement).scalar_one())
+
+
+@pytest.mark.parametrize("jdbc_url", ["postgresql"], indirect=True)
+def test_enqueue_command_in_a_subprocess_with_its_own_spark(
+    spark: Any, jdbc_app: tuple[App, Engine], tmp_path: Path
+) -> None:
+    app, engine = jdbc_app
+    source = tmp_path / "invoices.parquet"
+    spark.range(1000).selectExpr("id", "concat('n', id) AS number").write.parquet(str(source))
+    url = engine.url.render_as_string(hide_password=False)
+
+    done = run_cli(
+        "spark", "enqueue", str(source), "--url", url, "--table", app.Task.__table__.name,
+        "--master", "local[1]", "--process", "faturar", "--external-key-col", "number",
+        "--dedupe",
+    )  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == (
+        f"enqueued 1,000 tasks into {app.Task.__table__.name} from 1,000 rows "
+        "(0 duplicates skipped, 1 partitions)"
+    )
+    assert " INFO " not in done.stderr  # the quiet log configuration
+    assert _count(engine, app, process="faturar") == 1000
+
+
+@pytest.mark.parametrize("jdbc_url", ["mysql"], indirect=True)
+def test_report_and_archive_commands(
+    spark: Any, jdbc_app: tuple[App, Engine], tmp_path: Path
+) -> None:
+    app, engine = jdbc_app
+    table = app.Task.__table__
+    start = dt.datetime(2026, 1, 5, 10, tzinfo=dt.timezone.utc)
+    with engine.begin() as conn:
+        for i in range(30):
+            add_chain(conn, table, process="enviar", tenant=i % 3, start=start,
+                      attempts=[("sucesso", 1.0, 2.0)])  # fmt: skip
+    url = engine.url.render_as_string(hide_password=False)
+    runner = CliRunner()
+
+    reported = runner.invoke(
+        main, ["spark", "report", "--url", url, "--table", table.name, "--out", str(tmp_path / "r")]
+    )
+    assert reported.exit_code == 0, reported.output
+    assert f"read 30 rows of {table.name}; report: " in reported.stdout
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "| enviar | 30 | 30 | 100.0% | 0.0% | 0.0% | 0.0 | 0 | 1.0 s / 1.0 s / 1.0 s |" in report
+
+    archived = runner.invoke(
+        main,
+        ["spark", "archive", "--url", url, "--table", table.name, "--path", str(tmp_path / "a"),
+         "--chunk-families", "7"],
+        env={"QUEUE_PURGE_MAX_AGE": "1"},
+    )  # fmt: skip
+    assert archived.exit_code == 0, archived.output
+    assert "archived 30 families (30 rows: 30 written, 0 already there)" in archived.stdout
+    assert "deleted 30 rows" in archived.stdout
+    assert _count(engine, app) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["report", "--out", "OUT", "--jdbc-jar", "/no/such/driver.jar"],
+            {},
+            "Error: JDBC driver jar not found: /no/such/driver.jar",
+        ),
+        (
+            ["report", "--out", "OUT"],
+            {"JAVA_HOME": "/no/such/java"},
+            "Error: Java not found: JAVA_HOME=/no/such/java has no bin/java (install a Java 17+ "
+            "runtime, Debian: apt-get install openjdk-17-jre-headless)",
+        ),
+        (
+            ["archive", "--path", "OUT"],
+            {"QUEUE_PURGE_MAX_AGE": "soon"},
+            "Error: QUEUE_PURGE_MAX_AGE='soon': a number of days",
+        ),
+        (
+            ["enqueue", "OUT", "--process", "p", "--conf", "novalue"],
+            {},
+            "Error: Invalid value for --conf: 'novalue': give KEY=VALUE",
+        ),
+        (
+            ["report", "--out", "OUT", "--table", "bad-name"],
+            {},
+            "Error: invalid table name 'bad-name': use letters, digits and underscores, "
+            "not starting with a digit",
+        ),
+    ],
+    ids=["missing-jar", "missing-java", "bad-retention", "bad-conf", "bad-table"],
+)
+def test_bad_input_is_one_line_before_spark_starts(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    args = [str(tmp_path) if a == "OUT" else a for a in args]
+    if "--table" not in args:
+        args += ["--table", "fila"]
+    done = run_cli(
+        "spark", *args, "--url", "postgresql://postgres@127.0.0.1/test", env=env, check=False
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == message
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_jar_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqla_queue.exceptions import SparkSetupError
+    from sqla_queue.spark import session
+
+    monkeypatch.setattr(session.JDBC_DRIVERS["mysql"], "jar", Path("/nowhere/mariadb.jar"))
+    with pytest.raises(SparkSetupError) as error:
+        session.jdbc_jars(["mysql"], env={})
+    assert str(error.value) == (
+        "the MariaDB/MySQL JDBC driver jar is missing: /nowhere/mariadb.jar (Debian: apt-get "
+        "install libmariadb-java; or give its path with --jdbc-jar or SQLA_QUEUE_SPARK_JARS)"
+    )
+    with pytest.raises(SparkSetupError, match="Java not found: Spark needs a Java 17"):
+        session.find_java({"PATH": "/nowhere"})
