@@ -214,7 +214,7 @@ def db_gen(nsj_python: str, schema: str, queue: str) -> str:
 def documented_alter(table: str) -> str:
     """The PostgreSQL ALTER of docs/lifecycle.md#leases, for ``table``."""
     doc = (ROOT / "docs" / "lifecycle.md").read_text()
-    statement = re.search(r"-- PostgreSQL\n(ALTER TABLE fila .*;)\n", doc)
+    statement = re.search(r"-- PostgreSQL\n(ALTER TABLE fila [^;]*;)\n", doc)
     assert statement is not None, "docs/lifecycle.md lost its PostgreSQL ALTER"
     return statement.group(1).replace("ALTER TABLE fila ", f"ALTER TABLE {table} ", 1)
 
