@@ -5,6 +5,8 @@ click's runner for the rest, and the one-line errors before any JVM starts."""
 from __future__ import annotations
 
 import datetime as dt
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +144,21 @@ def test_missing_jar_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) -
     )
     with pytest.raises(SparkSetupError, match="Java not found: Spark needs a Java 17"):
         session.find_java({"PATH": "/nowhere"})
+
+
+def test_progress_reports_a_running_stage(spark: Any) -> None:
+    import pyarrow as pa
+
+    from sqla_queue.spark.progress import Progress
+
+    def slow(batches: Any) -> Any:
+        for batch in batches:
+            time.sleep(0.5)  # the task's own work, long enough to be seen running
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows]})
+
+    lines: list[str] = []
+    with Progress(spark, "test", lines.append, interval=0.05):
+        spark.range(4).repartition(2).mapInArrow(slow, "n long").collect()
+    assert any(
+        re.fullmatch(r"test: stage \d+: [0-2]/2 tasks done, [0-2] running", line) for line in lines
+    )
