@@ -19,13 +19,13 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table, select, union_all
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from .adapters import Adapter, adapter_for
 from .exceptions import ConfigurationError
 from .identifiers import split_table_name
-from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
+from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
 from .types import utcnow
@@ -302,12 +302,13 @@ class QueueClient:
         """Tasks already in the queue with the same origin, destination,
         process, external key, payload, tenant and company group, in one of
         ``status`` (default: sucesso, pendente, agendada)."""
+        statuses = [status] if isinstance(status, str) else list(status)
         values = _normalise(args, kwargs)
         payload_hash = hash_payload(serialize_payload(values.get("payload")))
         if payload_hash is None:
             return []
         c = self.table.c
-        criteria = [c.payload_hash == payload_hash, c.status.in_(list(status))]
+        criteria = [c.payload_hash == payload_hash]
         for column in (
             "chave_externa",
             "origem",
@@ -318,7 +319,14 @@ class QueueClient:
         ):
             value = values.get(column)
             criteria.append(c[column].is_(None) if value is None else c[column] == value)
-        rows = self.connection.execute(select(self.table).where(*criteria).order_by(c.id))
+        # one query per index that holds the statuses asked for
+        parts = [
+            select(self.table).where(*criteria, arm) for arm in equivalence_criteria(c, statuses)
+        ]
+        if not parts:
+            return []
+        query = parts[0] if len(parts) == 1 else union_all(*parts).subquery().select()
+        rows = self.connection.execute(query.order_by(query.selected_columns.id))
         return TaskRecord.from_rows(list(rows.keys()), rows.all())
 
 

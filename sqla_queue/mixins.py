@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +32,7 @@ from sqlalchemy import (
     and_,
     event,
     false,
+    literal_column,
     text,
 )
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -70,6 +71,11 @@ class Status(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: inline in the SQL, never a bound value: the planner must see the constant
+#: to match a query to ix_equivalente's predicate (see equivalence_criteria)
+_PROCESSING_LITERAL = literal_column(f"'{Status.PROCESSING.value}'", String)
 
 
 class QueueMixin:
@@ -312,14 +318,21 @@ def add_queue_schema(table: Table, channel: str) -> None:
     index("status_data_hora", c.status, c.data_hora, dialects=_MYSQL_DIALECTS)
     # A task without payload has no hash and is never "equivalent": where the
     # dialect can, such rows stay out of the index (one index write less).
-    hashed = c.payload_hash.is_not(None)
+    # Nor are running tasks: the claim and the completion each write a new
+    # row version into every index whose predicate it meets (the status
+    # change is never a HOT update), and this index holds every finished
+    # attempt by a random key, so each such write lands on a random page of
+    # a large index. Leaving 'processando' out halves those writes; a
+    # look-up for running tasks reads them through ix_processando instead
+    # (see equivalence_criteria).
+    equivalent = equivalence_predicate(c)
     index(
         "equivalente",
         c.chave_externa,
         c.payload_hash,
         c.status,
-        postgresql_where=hashed,
-        sqlite_where=hashed,
+        postgresql_where=equivalent,
+        sqlite_where=equivalent,
     )
     # A chain's rows: its retries (id_inicial) and its dead-letter run
     # (live_id). The purge reads whole chains through them. Partial where the
@@ -336,6 +349,34 @@ def add_queue_schema(table: Table, channel: str) -> None:
     # with the insertion order.
     index("data_hora", c.data_hora, postgresql_using="brin")
     _add_notify_trigger(table, channel)
+
+
+def equivalence_predicate(c: Any) -> ColumnElement[bool]:
+    """The rows of ``ix_<table>_equivalente`` where the dialect has partial
+    indexes: those with a payload, outside ``processando``."""
+    return and_(c.payload_hash.is_not(None), c.status != _PROCESSING_LITERAL)
+
+
+def equivalence_criteria(
+    c: Any, statuses: Iterable[str] | None = None
+) -> list[ColumnElement[bool]]:
+    """One criterion per index that serves a look-up of equivalent tasks in
+    ``statuses`` (None: every status; a payload hash or external key
+    condition goes beside it): the statuses other than ``processando``
+    through ``ix_equivalente``, whose predicate the literal ``status <>
+    'processando'`` lets the planner match whatever the bound values;
+    ``processando`` through ``ix_processando``. OR them, or run one query
+    per criterion."""
+    if statuses is None:
+        return [equivalence_predicate(c), c.status == _PROCESSING_LITERAL]
+    wanted = list(dict.fromkeys(statuses))
+    others = [status for status in wanted if status != Status.PROCESSING.value]
+    criteria: list[ColumnElement[bool]] = []
+    if others:
+        criteria.append(and_(equivalence_predicate(c), c.status.in_(others)))
+    if len(others) < len(wanted):
+        criteria.append(c.status == _PROCESSING_LITERAL)
+    return criteria
 
 
 @dataclass(frozen=True)

@@ -601,6 +601,31 @@ def test_equivalent_task_respects_the_status_filter(engine: Engine, app: App) ->
         assert client.list_equivalent_task(*args, status=["sucesso"]) == []
 
 
+def test_equivalent_task_finds_running_tasks_too(engine: Engine, app: App) -> None:
+    # running tasks are outside ix_equivalente (see equivalence_criteria):
+    # asking for them still finds them, beside the other statuses
+    with Session(engine) as s, s.begin():
+        client = QueueClient(s, app.Task)
+        running = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7})
+        done = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7})
+        pending = client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 7})
+        client.insert_task("erp", "sefaz", "faturar", "7", {"invoice": 8})
+        s.execute(update(app.Task).where(app.Task.id == running).values(status="processando"))
+        s.execute(update(app.Task).where(app.Task.id == done).values(status="sucesso"))
+    with Session(engine) as s:
+        client = QueueClient(s, app.Task)
+        args = ("erp", "sefaz", "faturar", "7", {"invoice": 7})
+        assert [r.id for r in client.list_equivalent_task(*args)] == [done, pending]
+        assert [r.id for r in client.list_equivalent_task(*args, status="processando")] == [running]
+        every = ["pendente", "processando", "sucesso", "processando"]
+        assert [r.id for r in client.list_equivalent_task(*args, status=every)] == [
+            running,
+            done,
+            pending,
+        ]
+        assert client.list_equivalent_task(*args, status=[]) == []
+
+
 def test_equivalent_task_none_tenant_matches_only_null(engine: Engine, app: App) -> None:
     with Session(engine) as s, s.begin():
         client = QueueClient(s, app.Task)

@@ -208,7 +208,8 @@ def test_postgresql_partial_indexes(engine: Engine, table_name: str) -> None:
         )
     assert "(prioridade DESC, data_hora, id)" in rows[f"ix_{table_name}_pendente"]
     assert rows[f"ix_{table_name}_equivalente"].endswith(
-        "(chave_externa, payload_hash, status) WHERE (payload_hash IS NOT NULL)"
+        "(chave_externa, payload_hash, status) "
+        "WHERE ((payload_hash IS NOT NULL) AND ((status)::text <> 'processando'::text))"
     )
     assert "USING brin (data_hora)" in rows[f"ix_{table_name}_data_hora"]
     assert rows[f"ix_{table_name}_inicial"].endswith("(id_inicial) WHERE (id_inicial IS NOT NULL)")
@@ -216,24 +217,40 @@ def test_postgresql_partial_indexes(engine: Engine, table_name: str) -> None:
 
 
 @postgresql_only
-def test_equivalence_lookup_can_use_its_partial_index(engine: Engine, app: App) -> None:
-    # the lookup's "payload_hash = :h" implies the partial index's "IS NOT NULL"
+@pytest.mark.parametrize(
+    ("statuses", "indexes"),
+    [
+        (None, ["equivalente"]),
+        (["processando"], ["processando"]),
+        (["sucesso", "processando", "falha"], ["equivalente", "processando"]),
+    ],
+    ids=["default", "running", "mixed"],
+)
+def test_equivalence_lookup_can_use_its_partial_index(
+    engine: Engine, app: App, statuses: list[str] | None, indexes: list[str]
+) -> None:
+    # the lookup's "payload_hash = :h" implies the partial index's "IS NOT
+    # NULL", its literal "status <> 'processando'" the rest of the predicate,
+    # whatever the bound statuses; running tasks come through ix_processando
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
         seen.append((statement, params))
 
+    kwargs = {} if statuses is None else {"status": statuses}
     with engine.connect() as conn:
         client = QueueClient(conn, app.Task)
         client.insert_task("o", "d", "p", "k", {"a": 1})
         event.listen(conn, "before_cursor_execute", capture)
-        assert len(client.list_equivalent_task("o", "d", "p", "k", {"a": 1})) == 1
+        client.list_equivalent_task("o", "d", "p", "k", {"a": 1}, **kwargs)
         event.remove(conn, "before_cursor_execute", capture)
         statement, params = seen[-1]
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         plan = "\n".join(row[0] for row in conn.exec_driver_sql("EXPLAIN " + statement, params))
         conn.rollback()
-    assert f"ix_{app.Task.__tablename__}_equivalente" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    for name in indexes:
+        assert f"ix_{app.Task.__tablename__}_{name}" in plan, plan
 
 
 def test_sqlite_partial_indexes(tmp_path: Any, app: App, table_name: str) -> None:
@@ -249,6 +266,9 @@ def test_sqlite_partial_indexes(tmp_path: Any, app: App, table_name: str) -> Non
     engine.dispose()
     for status in ("pendente", "agendada", "processando"):
         assert rows[f"ix_{table_name}_{status}"].endswith(f"WHERE status = '{status}'")
+    assert rows[f"ix_{table_name}_equivalente"].endswith(
+        "WHERE payload_hash IS NOT NULL AND status != 'processando'"
+    )
 
 
 # --------------------------------------------------------- NOTIFY trigger
