@@ -240,7 +240,7 @@ _WAKE = "Wake-ups and locks"
 _MAINT = "Maintenance routines"
 _TENANT = "Multi-database tenants"
 _OTHER = "Webhooks, logging, others"
-_SOCKET = "Client-server mode (not yet)"
+_SOCKET = "Client-server mode (docs/client-server.md)"
 
 CATALOGUE: tuple[Setting, ...] = (
     # ---- the database (settings.database_url reads these)
@@ -700,77 +700,135 @@ CATALOGUE: tuple[Setting, ...] = (
         status="not read",
         resolved=False,
     ),
-    # ---- the seed's socket server
+    # ---- the queue server (the seed's socket server), read by settings.py
     _s(
         "client_server_mode",
         _SOCKET,
-        "Workers use the socket lock/notify server.",
+        "Workers: use the queue server for wake-ups and routine locks; per-task locks off, rescue "
+        "by lease (docs/client-server.md).",
         env=("CLIENT_SERVER_MODE",),
         default=False,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "server_host",
         _SOCKET,
-        "The socket server's host.",
+        "Workers: the queue server's host.",
         env=("SERVER_HOST",),
         default="127.0.0.1",
-        status="not yet",
         resolved=False,
     ),
     _s(
         "notify_service_port",
         _SOCKET,
-        "The server's notify port.",
+        "Both sides: the notify port (`--notify-port` for the server).",
         env=("NOTIFY_SERVICE_PORT",),
         default=8770,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "lock_service_port",
         _SOCKET,
-        "The server's lock port.",
+        "Both sides: the lock port (`--lock-port`).",
         env=("LOCK_SERVICE_PORT",),
         default=8970,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "timeout_socket_message",
         _SOCKET,
-        "Seconds for any socket message.",
+        "Both sides: seconds a frame may take to arrive whole, a client to authenticate, a reply "
+        "to come.",
         env=("TIMEOUT_SOCKET_MESSAGE",),
         default=5,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "max_client_threads",
         _SOCKET,
-        "Server side: the listen backlog.",
+        "Server: connections served at once (the seed's listen backlog; here a real bound).",
         env=("MAX_CLIENT_THREADS",),
         default=50,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "check_tasks_interval",
         _SOCKET,
-        "Server side: seconds between polls for new tasks.",
+        "Server: seconds between its looks at the queue.",
         env=("CHECK_TASKS_INTERVAL",),
         default=15,
-        status="not yet",
         resolved=False,
     ),
     _s(
         "lock_service_wait_conn_interval",
         _SOCKET,
-        "Server side: the lock service's select timeout, seconds.",
+        "Both sides: seconds of silence before a peer is probed; a vanished peer's locks go within"
+        " about twice this.",
         env=("LOCK_SERVICE_WAIT_CONN_INTERVAL",),
         default=30,
-        status="not yet",
+        resolved=False,
+    ),
+    _s(
+        "server_secret",
+        _SOCKET,
+        "Both sides: the shared secret, 16 characters or more. Required in client-server mode.",
+        env=("SQLA_QUEUE_SERVER_SECRET",),
+        default=None,
+        secret=True,
+        resolved=False,
+    ),
+    _s(
+        "server_tls_cert",
+        _SOCKET,
+        "Server: serve TLS with this certificate chain (with `SQLA_QUEUE_SERVER_TLS_KEY`; both or "
+        "neither).",
+        env=("SQLA_QUEUE_SERVER_TLS_CERT",),
+        default=None,
+        resolved=False,
+    ),
+    _s(
+        "server_tls_key",
+        _SOCKET,
+        "Server: the key of `SQLA_QUEUE_SERVER_TLS_CERT`.",
+        env=("SQLA_QUEUE_SERVER_TLS_KEY",),
+        default=None,
+        resolved=False,
+    ),
+    _s(
+        "server_tls",
+        _SOCKET,
+        "Workers: connect with TLS, verified against the system's CAs.",
+        env=("SQLA_QUEUE_SERVER_TLS",),
+        default=False,
+        resolved=False,
+    ),
+    _s(
+        "server_tls_ca",
+        _SOCKET,
+        "Workers: connect with TLS, verified against this CA file.",
+        env=("SQLA_QUEUE_SERVER_TLS_CA",),
+        default=None,
+        resolved=False,
+    ),
+    # ---- read by their own modules
+    _s(
+        "nsj_locks",
+        _WAKE,
+        "PostgreSQL: also take nsj-queue-lib 1.2.2's task lock "
+        "(`pg_try_advisory_lock(<task id>)`), so that its workers and sqla-queue's can share "
+        "a queue (docs/coming-from-nsj-queue-lib.md). Needs task locks; on another database "
+        "the worker stops with an error.",
+        env=("SQLA_QUEUE_NSJ_LOCKS",),
+        default=False,
+        attribute="nsj_locks",
+        resolved=False,
+    ),
+    _s(
+        "spark_jars",
+        _OTHER,
+        "`sqla-queue spark ...`: JDBC driver jars, paths separated by `:` or `,`, instead of "
+        "Debian's (docs/spark.md).",
+        env=("SQLA_QUEUE_SPARK_JARS",),
         resolved=False,
     ),
 )

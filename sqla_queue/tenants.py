@@ -29,10 +29,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-import requests
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError
@@ -51,6 +50,9 @@ from .settings import (
     normalize_url,
 )
 from .types import dialect_family
+
+if TYPE_CHECKING:
+    import requests
 
 __all__ = [
     "CredentialsApiResolver",
@@ -220,7 +222,11 @@ class CredentialsApiResolver:
         self.credentials_ttl = CREDENTIALS_TTL.check("credentials_ttl", credentials_ttl)
         self.timeout = HTTP_TIMEOUT.check("timeout", timeout)
         self.clock = clock
-        self._http = http or requests.Session()
+        if http is None:
+            import requests  # only a worker with this resolver pays for it
+
+            http = requests.Session()
+        self._http = http
         self._token: _Token | None = None
         self._token_lock = threading.Lock()
         self._credentials: dict[int, tuple[float, URL]] = {}
@@ -235,6 +241,8 @@ class CredentialsApiResolver:
 
     # -------------------------------------------------------------- tokens
     def _post(self, what: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        import requests
+
         try:
             response = self._http.post(url, timeout=self.timeout, allow_redirects=False, **kwargs)
         except requests.RequestException as exc:

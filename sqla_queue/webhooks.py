@@ -49,15 +49,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
-
-import requests
-from requests.adapters import HTTPAdapter
 
 from .exceptions import ConfigurationError
 from .redaction import MASK, redact
 from .settings import Range, _flag, _number
+
+if TYPE_CHECKING:
+    import requests
 
 __all__ = [
     "DEFAULT_WEBHOOK_TIMEOUT",
@@ -237,6 +237,10 @@ class WebhookClient:
         self.block_private_networks = block_private_networks
         self.max_concurrency = max_concurrency
         self._resolve = resolve or _default_resolve
+        # requests (6 MiB) only where webhooks are delivered, not in every worker
+        import requests
+        from requests.adapters import HTTPAdapter
+
         self.session = requests.Session()
         # No cookie is kept: a Set-Cookie from one subscriber's endpoint must
         # not ride along another subscription's delivery to the same host.
@@ -280,6 +284,8 @@ class WebhookClient:
         secrets = _secrets_of(delivery)
         method = str(delivery.http_method or "").strip().upper()
         shown_url = _scrub(delivery.url, secrets)
+        import requests
+
         try:
             result = self._deliver(delivery, method, secrets)
         except _Refused as exc:
@@ -503,6 +509,8 @@ def _read_text(response: requests.Response, deadline: float, timeout: float) -> 
 def _describe(exc: requests.RequestException, timeout: float) -> str:
     """What went wrong, in a line: the kind first, then the library's text
     (which quotes the URL, never the headers; scrubbed by the caller)."""
+    import requests
+
     detail = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, requests.ConnectTimeout):
         return f"timeout: could not connect within {_secs(timeout)} ({detail})"

@@ -5,6 +5,7 @@ value came from; the generated reference in docs/configuration.md."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,31 @@ def test_the_catalogue_defaults_match_the_code() -> None:
         if entry.resolved and entry.default is not None and not isinstance(entry.default, str):
             assert effective[entry.key] == entry.default, entry.key
     assert not math.isnan(effective["backoff_base"])
+
+
+#: what the package reads from the environment, in its source: env.get("X"),
+#: env["X"], os.environ.get("X"), _flag(env, "X") and the like, and NAME = "X"
+#: constants whose name ends in VARIABLE
+_READS = re.compile(
+    r'(?:env|environ)(?:\.get\(|\[)\s*"([A-Z][A-Z0-9_]+)"'
+    r'|_\w+\(\s*env,\s*"([A-Z][A-Z0-9_]+)"'
+    r'|^[A-Z_]*VARIABLE\s*=\s*"([A-Z][A-Z0-9_]+)"',
+    re.MULTILINE,
+)
+#: the operating system's and Java's, not sqla-queue's settings
+_NOT_SETTINGS = {"PATH", "JAVA_HOME", "PYSPARK_PYTHON", "SPARK_LOCAL_IP"}
+
+
+def test_every_variable_the_package_reads_is_in_the_reference() -> None:
+    read: dict[str, str] = {}
+    for path in sorted((ROOT / "sqla_queue").rglob("*.py")):
+        for match in _READS.finditer(path.read_text(encoding="utf-8")):
+            name = next(group for group in match.groups() if group)
+            read.setdefault(name, str(path.relative_to(ROOT)))
+    assert {"SQLA_QUEUE_URL", "SQLA_QUEUE_SERVER_SECRET", "SQLA_QUEUE_SPARK_JARS"} <= set(read)
+    documented = {variable for entry in CATALOGUE for variable in entry.env}
+    missing = {name: where for name, where in read.items() if name not in documented}
+    assert not {k: v for k, v in missing.items() if k not in _NOT_SETTINGS}, missing
 
 
 def test_every_seed_variable_is_in_the_catalogue() -> None:
