@@ -17,9 +17,14 @@ median of --reps runs:
   QueueClient.copy_tasks             the same through COPY explicitly
   psycopg COPY, by hand              the floor from Python: serialise, hash and
                                      write_row, no sqla-queue (ids from the sequence)
+  the database alone                 the same rows as COPY text files written before
+                                     the clock starts, loaded by 1 or 2 psql \\copy
+                                     processes at once: PostgreSQL's own ceiling for
+                                     this table on this machine, with no client work
 
 The DataFrame is cached before timing: Spark's time is the enqueue, not the
-making of the rows. The session's start (8-30 s on 2 cores) is not counted.
+making of the rows. The session's start (8-30 s on 2 cores) is not counted,
+nor the start of the executors' Python workers (a first job of 1,000 rows).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -114,6 +122,40 @@ def bench_database(url: str, frame: Any, rows: list[dict[str, Any]], args: Any) 
                          hash_payload(body), "pendente", False)
                     )  # fmt: skip
 
+    def server_alone(streams: int) -> Callable[[], None]:
+        """The database alone: the same rows as COPY text files made before
+        the clock starts, loaded by ``streams`` psql processes at once (no
+        Python, no Spark): what the table and the machine allow."""
+        columns = "processo, chave_externa, payload, payload_hash, status, pub_sub"
+        lines = []
+        for row in rows:
+            body = serialize_payload(row["payload"]) or ""
+            digest = (hash_payload(body) or b"").decode()
+            lines.append(
+                f"faturar\t{row['external_key']}\t{body.replace(chr(92), chr(92) * 2)}"
+                f"\t{digest}\tpendente\tf\n"
+            )
+        folder = Path(tempfile.mkdtemp(prefix="sqlaq-bench-"))
+        files = []
+        share = -(-len(lines) // streams)
+        for i in range(streams):
+            files.append(folder / f"rows.{i}.txt")
+            files[-1].write_text("".join(lines[i * share : (i + 1) * share]))
+        u = engine.url
+        psql = ["psql", "-h", u.host or "127.0.0.1", "-p", str(u.port or 5432)]
+        psql += ["-U", u.username or "postgres", "-d", u.database or "postgres", "-q", "-c"]
+        env = {**os.environ, "PGPASSWORD": u.password or ""}
+
+        def run() -> None:
+            procs = [
+                subprocess.Popen([*psql, f"\\copy {TABLE} ({columns}) FROM '{f}'"], env=env)
+                for f in files
+            ]
+            if any(proc.wait() != 0 for proc in procs):
+                raise RuntimeError("psql \\copy failed")
+
+        return run
+
     lines: list[tuple[str, Callable[[], None]]] = [
         (f"Spark enqueue_dataframe ({args.master})", spark_job(False)),
         (f"Spark enqueue_dataframe, dedupe ({args.master})", spark_job(True)),
@@ -123,7 +165,13 @@ def bench_database(url: str, frame: Any, rows: list[dict[str, Any]], args: Any) 
         lines += [
             ("QueueClient.copy_tasks (1 process)", client("copy_tasks")),
             ("psycopg COPY by hand (1 process)", copy_by_hand),
+            ("the database alone: psql \\copy of COPY text files, 1 stream", server_alone(1)),
+            ("the database alone: psql \\copy of COPY text files, 2 streams", server_alone(2)),
         ]
+    # a first small job starts the executors' Python workers (Spark reuses
+    # them), which the timed jobs would otherwise count once
+    reset()
+    enqueue_dataframe(frame.limit(1000), url, TABLE, process="warm-up", payload_cols=["id"])
     for label, run in lines:
         seconds = timed(run, reset, args.reps)
         print(

@@ -36,6 +36,7 @@ import json
 import re
 import sys
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from .exceptions import PayloadError
@@ -234,9 +235,21 @@ def serialize_payload(value: Any) -> str | None:
 
 def hash_payload(text: str | None) -> bytes | None:
     """The reference's payload hash: hex SHA-256 of the text, as bytes."""
-    if not text:
-        return None
-    return hashlib.sha256(text.encode()).hexdigest().encode("ascii")
+    [digest] = hash_payload_texts([text])
+    return None if digest is None else digest.encode("ascii")
+
+
+def hash_payload_texts(texts: Iterable[str | None]) -> list[str | None]:
+    """The hash of each text as the str of its 64 hex digits (None for no
+    text), without a function call per text."""
+    sha256 = hashlib.sha256
+    return [sha256(text.encode()).hexdigest() if text else None for text in texts]
+
+
+def json_key(name: str) -> str:
+    """An object key as the payload's JSON writes it (quoted, ASCII), for
+    code that assembles the text of a dict itself (the Spark enqueue)."""
+    return _ENCODER.encode(name)
 
 
 # ------------------------------------------------------- before the flush

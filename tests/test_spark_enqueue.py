@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.orm import Session
 
-from sqla_queue import WorkerBase
+from sqla_queue import QueueClient, Status, WorkerBase
 from sqla_queue.exceptions import ConfigurationError, SparkJobError
 from sqla_queue.settings import Settings
 from sqla_queue.spark import enqueue_dataframe
@@ -110,9 +110,11 @@ def _rows(engine: Engine, app: App) -> list[Any]:
         return conn.execute(select(app.Task.__table__).order_by(app.Task.id)).all()
 
 
+@pytest.mark.parametrize("scheduled", [True, False], ids=["run_at", "copy_text"])
 def test_payload_text_and_hash_equal_the_orm_path(
-    spark: Any, engine: Engine, app: App, installed: None
+    spark: Any, engine: Engine, app: App, installed: None, scheduled: bool
 ) -> None:
+    # without a run time column, PostgreSQL takes the COPY text fast path
     later = dt.datetime.now(UTC) + dt.timedelta(hours=1)
     extra = [("k1", 7, 90, None), ("k2", None, None, later)]
     frame = spark.createDataFrame(
@@ -129,7 +131,7 @@ def test_payload_text_and_hash_equal_the_orm_path(
         external_key_col="key",
         tenant_col="tenant",
         priority_col="priority",
-        run_at_col="due",
+        run_at_col="due" if scheduled else None,
     )
     assert (result.rows, result.enqueued, result.duplicates) == (2, 2, 0)
     with Session(engine) as session, session.begin():
@@ -147,8 +149,104 @@ def test_payload_text_and_hash_equal_the_orm_path(
     assert '"json_like": "123"' in spark_rows[0].payload
     assert [(r.chave_externa, r.tenant, r.prioridade, r.status) for r in spark_rows] == [
         ("k1", 7, 90, "pendente"),
-        ("k2", None, 50, "agendada"),
+        ("k2", None, 50, "agendada" if scheduled else "pendente"),
     ]
+
+
+# text COPY's special characters, in every column the fast path writes
+AWKWARD = ["tab\there", "line\nbreak\r", "back\\slash \\N", "\\", "null", "", "𝄞 ü", None]
+
+
+# printable ASCII without quote or backslash: Arrow makes the JSON text
+PLAIN = ["plain", "", "with space", "a'b", "{not json", "~!#$%&()*+,-./:;<=>?@[]^_`{|}", None, "7"]
+
+
+@pytest.mark.parametrize(
+    ("single", "body"),
+    [(True, AWKWARD), (False, AWKWARD), (False, PLAIN)],
+    ids=["single", "columns", "columns-by-arrow"],
+)
+def test_the_copy_text_fast_path_writes_the_general_paths_rows(
+    pg_app: tuple[App, Engine], single: bool, body: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+
+    from sqla_queue.spark import writer
+
+    app, engine = pg_app
+    spec = writer.WriteSpec(
+        url=engine.url.render_as_string(hide_password=False),
+        table=app.Task.__table__.name,
+        channel=app.Task.__table__.name,
+        process="fatu\\rar\t2",
+        payload_columns=("body",) if single else ("body", "n", "flag", "tenant\\"),
+        single_payload=single,
+        key_column="key",
+        tenant_column="tenant",
+        priority_column="priority",
+        run_at_column=None,
+        priority=None,
+        run_at=None,
+        dedupe=None,
+    )
+    count = len(body)
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "body": body,
+            "n": [None if i == 3 else -(2**62) + i for i in range(count)],
+            "flag": [None if i == 2 else i % 2 == 0 for i in range(count)],
+            "tenant\\": pa.array(range(count), pa.int8()),
+            writer.KEY: list(reversed(AWKWARD)),
+            writer.TENANT: [None if i % 3 == 0 else i for i in range(count)],
+            writer.PRIORITY: [None if i % 2 else i for i in range(count)],
+        }
+    )
+    copied = writer._copy_lines(spec, batch)
+    assert copied is not None and copied.count("\n") == count
+    # the JSON by Arrow for plain columns, by json.dumps otherwise
+    assert (writer._json_objects(spec, batch) is not None) == (body is PLAIN)
+
+    def written() -> list[tuple[Any, ...]]:
+        [result] = next(iter(writer.write_partition(spec, [batch]))).to_pylist()
+        assert (result["enqueued"], result["error"]) == (count, None)
+        columns = (
+            *("processo", "chave_externa", "payload", "payload_hash", "tenant", "prioridade"),
+            *("status", "pub_sub", "origem", "destino", "grupo_empresarial", "id_inicial"),
+        )
+        rows = [
+            (*(row._mapping[c] for c in columns), row.data_hora is not None)
+            for row in _rows(engine, app)
+        ]
+        with engine.begin() as conn:
+            conn.execute(app.Task.__table__.delete())
+        return rows
+
+    fast = written()
+    monkeypatch.setattr(writer, "_fast_path", lambda *args: False)
+    assert written() == fast
+    assert {row[0] for row in fast} == {"fatu\\rar\t2"}
+
+
+def test_a_bad_row_on_the_fast_path_is_the_general_paths_error(
+    pg_app: tuple[App, Engine],
+) -> None:
+    import pyarrow as pa
+
+    from sqla_queue.spark import writer
+
+    app, engine = pg_app
+    spec = _keyed_spec(engine, app, dedupe=None)
+    good = pa.RecordBatch.from_pydict({"n": [1, 2], writer.KEY: ["ok", "fine"]})
+    bad = pa.RecordBatch.from_pydict({"n": [3, 4], writer.KEY: ["ok", "x" * 101]})
+    # the bad row in the first batch (before the COPY starts), or in a later
+    # one (the COPY is aborted halfway): the partition writes nothing
+    for batches in ([bad, good], [good, good, bad]):
+        [result] = next(iter(writer.write_partition(spec, batches))).to_pylist()
+        assert result["enqueued"] == 0
+        assert result["error"].startswith("column 'key' is longer than 100 characters; row: ")
+        assert _rows(engine, app) == []
+    [result] = next(iter(writer.write_partition(spec, [good, good]))).to_pylist()
+    assert (result["enqueued"], result["error"]) == (4, None)
 
 
 def test_single_column_payload_and_constants(spark: Any, engine: Engine, app: App) -> None:
@@ -232,16 +330,11 @@ def test_enqueued_rows_are_all_processed_and_a_rerun_with_dedupe_adds_nothing(
     frame.unpersist()
 
 
-def test_dedupe_holds_when_two_attempts_of_a_partition_race(
-    engine: Engine, app: App, spark: Any
-) -> None:
-    """Two writers of the same keys at once (a retried Spark task and its
-    first attempt, or two runs of a job): each key is enqueued once."""
-    import pyarrow as pa
-
+def _keyed_spec(engine: Engine, app: App, dedupe: str | None = "key") -> Any:
+    """A partition's spec: payload {"n": ...}, keys in column "key"."""
     from sqla_queue.spark import writer
 
-    spec = writer.WriteSpec(
+    return writer.WriteSpec(
         url=engine.url.render_as_string(hide_password=False),
         table=app.Task.__table__.name,
         channel=app.Task.__table__.name,
@@ -254,16 +347,51 @@ def test_dedupe_holds_when_two_attempts_of_a_partition_race(
         run_at_column=None,
         priority=None,
         run_at=None,
-        dedupe="key",
+        dedupe=dedupe,
     )
-    keys = [f"k{i}" for i in range(300)]
-    batch = pa.RecordBatch.from_pydict(
+
+
+def _keyed_batch(keys: list[str]) -> Any:
+    import pyarrow as pa
+
+    from sqla_queue.spark import writer
+
+    return pa.RecordBatch.from_pydict(
         {
-            "n": list(range(300)),
+            "n": list(range(len(keys))),
             writer.KEY: keys,
             writer.BUCKET: [hash(k) % writer.LOCK_BUCKETS for k in keys],
         }
     )
+
+
+def test_dedupe_sees_the_keys_of_tasks_in_every_status(engine: Engine, app: App) -> None:
+    """Running tasks are outside the equivalence index (they are looked up
+    through ix_processando): a key held by a task in any status is a duplicate."""
+    from sqla_queue.spark import writer
+
+    statuses = [status.value for status in Status]
+    with engine.begin() as conn:
+        client = QueueClient(conn, app.Task)
+        for status in statuses:
+            task_id = client.insert_task(process="faturar", external_key=status, payload={"n": 1})
+            conn.execute(update(app.Task).where(app.Task.id == task_id).values(status=status))
+    spec = _keyed_spec(engine, app)
+    [result] = next(
+        iter(writer.write_partition(spec, [_keyed_batch([*statuses, "new"])]))
+    ).to_pylist()
+    assert (result["enqueued"], result["duplicates"], result["error"]) == (1, len(statuses), None)
+
+
+def test_dedupe_holds_when_two_attempts_of_a_partition_race(
+    engine: Engine, app: App, spark: Any
+) -> None:
+    """Two writers of the same keys at once (a retried Spark task and its
+    first attempt, or two runs of a job): each key is enqueued once."""
+    from sqla_queue.spark import writer
+
+    spec = _keyed_spec(engine, app)
+    batch = _keyed_batch([f"k{i}" for i in range(300)])
     results: list[Any] = []
     errors: list[BaseException] = []
     go = threading.Barrier(2)
@@ -390,6 +518,45 @@ def test_a_database_error_is_one_line_without_the_password(spark: Any) -> None:
     assert "no_such_database_here" in text_ and "does not exist" in text_
     assert "s3cret" not in text_
     assert len(text_.splitlines()) == 1
+
+
+def test_a_connection_killed_during_the_copy_fails_the_partition_and_writes_nothing(
+    pg_app: tuple[App, Engine],
+) -> None:
+    """The fast path's COPY, its writer thread sending: the backend is
+    terminated between two batches. The partition raises one line (Spark
+    retries the task), nothing of it is in the table, and nothing hangs."""
+    from sqla_queue.exceptions import SqlaQueueError
+    from sqla_queue.spark import writer
+
+    app, engine = pg_app
+    spec = _keyed_spec(engine, app, dedupe=None)
+    table = app.Task.__table__.name
+    terminated: list[int] = []
+
+    def batches() -> Iterator[Any]:
+        for number in range(20):
+            yield _keyed_batch([f"k{number}-{i}" for i in range(2000)])
+            if number == 3:
+                with engine.connect() as conn:
+                    terminated.extend(
+                        conn.execute(
+                            text(
+                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE query LIKE :copy AND pid <> pg_backend_pid()"
+                            ),
+                            {"copy": f'COPY "{table}"%'},
+                        ).scalars()
+                    )
+
+    started = time.monotonic()
+    with pytest.raises(SqlaQueueError) as error:
+        next(iter(writer.write_partition(spec, batches())))
+    assert terminated == [True]
+    assert time.monotonic() - started < 60
+    message = str(error.value)
+    assert message.startswith("[sqla-queue] partition 0: ") and len(message.splitlines()) == 1
+    assert _rows(engine, app) == []
 
 
 def test_each_partition_wakes_the_workers_once(spark: Any, pg_app: tuple[App, Engine]) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
@@ -482,6 +482,16 @@ class Adapter:
 
     def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """Bulk insert through the database's COPY protocol."""
+        raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")
+
+    def can_copy_text(self, conn: Connection) -> bool:
+        """Whether :meth:`task_copy_text` may run on ``conn`` now."""
+        return False
+
+    def task_copy_text(
+        self, conn: Connection, *, columns: Sequence[str], chunks: Iterable[str]
+    ) -> None:
+        """COPY rows the caller wrote in COPY's text format (PostgreSQL)."""
         raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")
 
     def is_transient(self, exc: BaseException) -> bool:

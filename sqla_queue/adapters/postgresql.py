@@ -16,7 +16,7 @@ import datetime as dt
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -306,6 +306,34 @@ class PostgresAdapter(Adapter):
             for row in zip(ids, *columns.values(), strict=True):
                 copy.write_row(row)
         return ids
+
+    def task_copy_text(
+        self, conn: Connection, *, columns: Sequence[str], chunks: Iterable[str]
+    ) -> None:
+        """COPY rows that the caller wrote in COPY's text format, ``chunks``
+        of whole lines (tab between values, ``\\N`` for NULL, backslash,
+        tab, newline and carriage return escaped): the bulk path that makes
+        no Python object per value. ``id`` and the columns not named take
+        their defaults. The caller checks :meth:`can_copy_text` first."""
+        from psycopg.copy import QueuedLibpqWriter
+
+        for name in columns:
+            self.table.c[name]  # KeyError for a column the table lacks
+
+        names = ", ".join(f'"{name}"' for name in columns)
+        statement = f"COPY {self._quoted()} ({names}) FROM STDIN"
+        # a thread of psycopg's sends while the caller makes the next chunk
+        with (
+            driver_cursor(conn, statement) as cursor,
+            cursor.copy(statement, writer=QueuedLibpqWriter(cursor)) as copy,
+        ):
+            for chunk in chunks:
+                copy.write(chunk)
+
+    def can_copy_text(self, conn: Connection) -> bool:
+        """Whether :meth:`task_copy_text` may run on ``conn`` now: psycopg,
+        in a transaction that nothing watches (see statements_unobserved)."""
+        return self._can_copy(conn) and statements_unobserved(conn)
 
     @staticmethod
     def _can_copy(conn: Connection) -> bool:

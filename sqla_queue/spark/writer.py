@@ -34,20 +34,21 @@ lock (``BEGIN IMMEDIATE``) otherwise.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, create_engine, select, text
+from sqlalchemy import Connection, bindparam, create_engine, select, text, union_all
 from sqlalchemy.pool import NullPool
 
 from ..adapters import Adapter, adapter_for
 from ..client import _task_row, resolve_table
 from ..exceptions import PayloadError, SqlaQueueError
 from ..identifiers import lock_namespace
-from ..mixins import MESSAGE_MAX_LENGTH
-from ..payload import serialize_payload
+from ..mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH, equivalence_criteria
+from ..payload import hash_payload_texts, json_key, serialize_payload
 from ..redaction import describe_error, redact
 from ..types import utcnow
 
@@ -230,14 +231,19 @@ def _existing_keys(
     """Which (tenant, key) pairs the table has already, for the process."""
     c = adapter.table.c
     # served by the equivalence index (chave_externa, payload_hash, status),
-    # partial on payload_hash IS NOT NULL where the database can: without
-    # that condition PostgreSQL scans the table for every lookup
+    # partial where the database can on a payload and a status other than
+    # processando: without those conditions PostgreSQL scans the table for
+    # every lookup. Running tasks come through their own index.
     if spec.dedupe == "key":
         key_column, where = c.chave_externa, [c.payload_hash.is_not(None)]
     else:
         key_column, where = c.payload_hash, [c.chave_externa.is_(None)]
-    statement = select(c.tenant, key_column).where(
-        c.processo == spec.process, key_column.in_(bindparam("keys", expanding=True)), *where
+    keys_in = key_column.in_(bindparam("keys", expanding=True))
+    statement = union_all(
+        *(
+            select(c.tenant, key_column).where(c.processo == spec.process, keys_in, *where, arm)
+            for arm in equivalence_criteria(c)
+        )
     )
     found: set[tuple[Any, Any]] = set()
     wanted = sorted({key for _, key in keys})
@@ -331,6 +337,195 @@ def _check_key(
         )
 
 
+# ------------------------------------------------- the COPY text fast path
+#: COPY's text format: these four characters are escaped in a value
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_COPY_NULL = "\\N"
+#: what the fast path writes; the other columns take their defaults, which
+#: are what _task_row gives a task without a run time
+_COPY_COLUMNS = ("processo", "chave_externa", "payload", "payload_hash", "tenant", "prioridade")
+
+
+def _copy_text(value: str | None) -> str:
+    return _COPY_NULL if value is None else value.translate(_COPY_ESCAPES)
+
+
+def _copy_int(value: int | None) -> str:
+    return _COPY_NULL if value is None else str(value)
+
+
+def _fast_path(conn: Connection, adapter: Adapter, spec: WriteSpec) -> bool:
+    """Whether a batch may go to the table as COPY text made column by
+    column (PostgreSQL on psycopg, no dedupe, no run time): the same task
+    rows as the general path, without a Python object per value."""
+    return (
+        not spec.dedupe
+        and spec.run_at is None
+        and spec.run_at_column is None
+        and adapter.can_copy_text(conn)
+    )
+
+
+#: printable ASCII without '"' and '\\': a JSON string of it is the text
+#: between quotes (json.dumps with ensure_ascii escapes nothing else)
+_PLAIN_TEXT = r"^[ !#-\[\]-~]*$"
+
+
+def _json_column(column: Any) -> Any:
+    """The JSON text of each value of an Arrow column, made by Arrow, for
+    the types whose text json.dumps makes plainly (integers, booleans,
+    printable ASCII strings without quote or backslash); None otherwise."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = column.type
+    if pa.types.is_integer(kind):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_boolean(kind):
+        text = pc.if_else(column, "true", "false")
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        column = column.cast(pa.string())
+        if pc.all(pc.match_substring_regex(column, _PLAIN_TEXT)).as_py() is False:
+            return None
+        text = pc.binary_join_element_wise('"', column, '"', "")
+    else:
+        return None
+    return pc.fill_null(text, "null")
+
+
+def _json_objects(spec: WriteSpec, batch: Any) -> list[str] | None:
+    """The payload texts of a batch whose payload columns all have
+    :func:`_json_column` texts: ``{"name": value, ...}`` assembled by Arrow,
+    json.dumps's text of the same dict; None when a column does not."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+    if len(set(spec.payload_columns)) < len(spec.payload_columns):
+        return None  # a dict keeps one of each key: the general path's text
+    parts: list[Any] = []
+    for i, name in enumerate(spec.payload_columns):
+        text = _json_column(batch.column(names.index(name)))
+        if text is None:
+            return None
+        parts += [pa.scalar(("{" if i == 0 else ", ") + json_key(name) + ": "), text]
+    if not parts:
+        return ["{}"] * batch.num_rows
+    texts: list[str] = pc.binary_join_element_wise(*parts, pa.scalar("}"), "").to_pylist()
+    return texts
+
+
+def _copy_text_column(column: Any) -> list[str] | None:
+    """An external key column as COPY text values, or None when a key is
+    too long (a bad row). Escaped one by one only if one needs it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = column.cast(pa.string())
+    if (pc.max(pc.utf8_length(column)).as_py() or 0) > EXTERNAL_KEY_MAX_LENGTH:
+        return None
+    if pc.any(pc.match_substring_regex(column, r"[\\\t\n\r]")).as_py():
+        return [_copy_text(value) for value in column.to_pylist()]
+    values: list[str] = pc.fill_null(column, _COPY_NULL).to_pylist()
+    return values
+
+
+def _copy_lines(spec: WriteSpec, batch: Any) -> str | None:
+    """The batch as COPY text lines for :data:`_COPY_COLUMNS`, or None when a
+    row is bad (the general path then names the column and shows the row).
+    Each value is the general path's (``_task_row``): the same payload text
+    and hash, the default priority, the status ``pendente``."""
+    names = batch.schema.names
+    present = set(names)
+
+    def column(name: str) -> list[Any]:
+        return python_values(batch.column(names.index(name)))
+
+    count = batch.num_rows
+    raw: list[str | None]
+    if spec.single_payload:
+        raw = [serialize_payload(value) for value in column(spec.payload_columns[0])]
+    else:
+        by_arrow = _json_objects(spec, batch)
+        if by_arrow is not None:
+            raw = list(by_arrow)
+        else:
+            payloads = [column(name) for name in spec.payload_columns]
+            payload_names = spec.payload_columns
+            rows = zip(*payloads, strict=True) if payloads else [()] * count
+            raw = [
+                serialize_payload(dict(zip(payload_names, values, strict=True))) for values in rows
+            ]
+    if KEY in present:
+        keys = _copy_text_column(batch.column(names.index(KEY)))
+        if keys is None:
+            return None
+    else:
+        keys = [_COPY_NULL] * count
+    hashes = [digest or _COPY_NULL for digest in hash_payload_texts(raw)]
+    if spec.single_payload:
+        texts = [_copy_text(text) for text in raw]
+    else:  # the JSON text of an object: a backslash is the one character to escape
+        texts = [text.replace("\\", "\\\\") for text in raw]  # type: ignore[union-attr]
+    if TENANT in present:
+        tenants: Iterable[str] = [_copy_int(t) for t in column(TENANT)]
+    else:
+        tenants = itertools.repeat(_COPY_NULL, count)
+    if PRIORITY in present:
+        priorities: Iterable[str] = [
+            _copy_int(DEFAULT_PRIORITY if p is None else p) for p in column(PRIORITY)
+        ]
+    else:
+        priority = DEFAULT_PRIORITY if spec.priority is None else int(spec.priority)
+        priorities = itertools.repeat(_copy_int(priority), count)
+    columns = (
+        itertools.repeat(_copy_text(spec.process), count),
+        keys,
+        texts,
+        hashes,
+        tenants,
+        priorities,
+    )
+    return "\n".join(map("\t".join, zip(*columns, strict=True))) + "\n"
+
+
+def _checked_lines(spec: WriteSpec, batch: Any, now: dt.datetime) -> str:
+    """:func:`_copy_lines`, or the general path's BadRowError for the batch."""
+    try:
+        lines = _copy_lines(spec, batch)
+    except PayloadError:
+        lines = None
+    if lines is None:
+        list(_rows(spec, batch, now))  # raises the error that names the column
+        raise SqlaQueueError(f"{ERROR_MARK}a row the fast path refused passed the checks")
+    return lines
+
+
+def _copy_all(
+    conn: Connection,
+    adapter: Adapter,
+    spec: WriteSpec,
+    batches: Iterable[Any],
+    now: dt.datetime,
+    counts: dict[str, int],
+) -> None:
+    """The partition in one COPY, its batches made one after another while
+    psycopg's writer thread sends the previous one. A bad row raises
+    inside the COPY, which aborts it; the partition's transaction rolls back."""
+
+    def chunks() -> Iterator[str]:
+        for batch in batches:
+            lines = _checked_lines(spec, batch, now)
+            counts["rows"] += batch.num_rows
+            counts["enqueued"] += batch.num_rows
+            yield lines
+
+    made = chunks()
+    first = next(made, None)
+    if first is not None:  # no COPY (and no trigger) for an empty partition
+        adapter.task_copy_text(conn, columns=_COPY_COLUMNS, chunks=itertools.chain([first], made))
+
+
 def _insert(conn: Connection, adapter: Adapter, rows: list[dict[str, Any]]) -> int:
     """Rows with and without a run time go apart: one shape per statement."""
     inserted = 0
@@ -373,8 +568,10 @@ def write_partition(spec: WriteSpec, batches: Iterable[Any]) -> Iterator[Any]:
     except Exception as exc:
         # the driver's own words only: SQLAlchemy's text carries the SQL and
         # the rows' values, which may hold anything
+        # libpq's texts run over lines: one line, as the job's error shows one
+        cause = " ".join(describe_error(exc).split())
         raise SqlaQueueError(
-            f"{ERROR_MARK}partition {partition}: {describe_error(exc)[:MESSAGE_MAX_LENGTH]}"
+            f"{ERROR_MARK}partition {partition}: {cause[:MESSAGE_MAX_LENGTH]}"
         ) from None
     finally:
         engine.dispose()
@@ -400,6 +597,9 @@ def _write(
             for batch in batches:
                 buckets.update(batch.column(batch.schema.names.index(BUCKET)).to_pylist())
             locks.take(buckets)
+        if _fast_path(conn, adapter, spec):
+            _copy_all(conn, adapter, spec, batches, now, counts)
+            batches = ()
         for batch in batches:
             rows = list(_rows(spec, batch, now))
             counts["rows"] += len(rows)
