@@ -142,12 +142,14 @@ def test_heartbeat_keeps_a_task_longer_than_its_lease_from_the_rescue(
     rescuer = runner(app.RecordingWorker, engine)
     rescues: list[int] = []
 
+    # the lease is the slack between a beat and the rescue that follows it
+    # (a loaded machine can stall the test thread for a second)
     class Long(app.RecordingWorker):  # type: ignore[name-defined,misc]
-        lease_seconds = 1.0
+        lease_seconds = 2.0
 
         def execute(self, payload: Any, task: Any, session: Session) -> str | None:
             started = utcnow()
-            while utcnow() - started < dt.timedelta(seconds=2.5):  # 2.5 leases of work
+            while utcnow() - started < dt.timedelta(seconds=3.5):  # 1.75 leases of work
                 heartbeat.beat.clear()
                 assert heartbeat.beat.wait(timeout=5), "no heartbeat"
                 rescues.append(rescue(rescuer))
@@ -162,7 +164,7 @@ def test_heartbeat_keeps_a_task_longer_than_its_lease_from_the_rescue(
             result = long.manager.run_batch(claim, work, running, long.worker.dispatch)
     finally:
         heartbeat.stop()
-    assert len(rescues) >= 6 and set(rescues) == {0}
+    assert len(rescues) >= 4 and set(rescues) == {0}
     assert result.succeeded == 1
     assert [(t.id, t.status) for t in tasks(engine, app)] == [(task_id, "sucesso")]
     assert len(effects(engine, app)) == 1

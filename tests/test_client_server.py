@@ -164,9 +164,10 @@ def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
 def test_server_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_twice(
     engine: Engine, app: App, db_url: str, table_name: str, server: ServerProcess
 ) -> None:
-    # leases of one second: a running task taken for lost would be rescued
-    # (and show up as falha_processando) long before the run ends
-    env = cs_env(server, table_name, SQLA_QUEUE_TEST_LEASE="1")
+    # leases of three seconds: a running task taken for lost would be rescued
+    # (and show up as falha_processando) long before the run ends, and a
+    # loaded machine's stalls stay inside one lease
+    env = cs_env(server, table_name, SQLA_QUEUE_TEST_LEASE="3")
     ids = insert_tasks(engine, app, 500)
 
     def done() -> int:
