@@ -33,6 +33,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects import postgresql
@@ -104,6 +105,24 @@ def _compile_array_of(element: _array_of, compiler: SQLCompiler, **kw: Any) -> s
     return f"ARRAY({compiler.process(element.subquery, **kw)})"
 
 
+def _commit_without_flush() -> ColumnElement[bool]:
+    """A condition that is always true and makes the statement's own
+    (autocommit) transaction commit without waiting for its WAL to reach
+    disk: ``set_config(..., true)`` lasts until the transaction ends, which
+    a statement in autocommit does right after it, so nothing leaks into the
+    session (or, behind PgBouncer, into another client's). The planner runs
+    it once, as a one-time filter.
+
+    For the claim this is safe: a claim that a crash loses leaves its task
+    ``pendente``, and no completion can outlive it. A crash ends every
+    session, so the work's transaction dies with it; and WAL reaches disk in
+    order, so the completion's synchronous commit flushes the claim before
+    it. What it saves is one WAL flush per batch, the claim's, on the way
+    from enqueue to handler."""
+    setting = func.set_config("synchronous_commit", "off", true())
+    return select(setting).scalar_subquery().is_not(None)
+
+
 class PostgresAdapter(Adapter):
     family = "postgresql"
     claim_autocommit = True
@@ -141,7 +160,7 @@ class PostgresAdapter(Adapter):
         ]
         self._claim = (
             update(t)
-            .where(c.id == any_(_array_of(ready)))
+            .where(c.id == any_(_array_of(ready)), _commit_without_flush())
             .values(
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("owner"),
