@@ -305,6 +305,49 @@ def rls_engine(db_url: str, engine: Engine, table_name: str) -> Iterator[tuple[E
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_claim_commits_without_flush_and_nothing_else_does(
+    engine: Engine, app: App, table_name: str, installed: None
+) -> None:
+    """The claim alone commits with synchronous_commit off (a trigger on the
+    queue table records the setting each write runs under); the completion
+    keeps the server's setting, and so does the claim connection's session
+    (behind PgBouncer another client would inherit a session SET)."""
+    seen, trigger = f"{table_name}_seen", f"{table_name}_sync"
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {seen} (status text, sync text)"))
+        conn.execute(
+            text(
+                f"CREATE FUNCTION {trigger}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"INSERT INTO {seen} VALUES (NEW.status, "
+                "current_setting('synchronous_commit')); RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER {trigger} BEFORE UPDATE ON {table_name} "
+                f"FOR EACH ROW EXECUTE FUNCTION {trigger}()"
+            )
+        )
+    try:
+        enqueue(engine, app, {"n": 1})
+        worker = runner(app.RecordingWorker, engine)
+        with worker.adapter.connect_claim(engine) as claim, engine.connect() as work:
+            running = worker.manager.claim(claim, limit=1)
+            result = worker.manager.run_batch(claim, work, running, worker.worker.dispatch)
+            session_setting = claim.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+        assert result.succeeded == 1
+        assert session_setting == "on"
+        with engine.connect() as conn:
+            rows = conn.execute(text(f"SELECT status, sync FROM {seen}")).all()
+        assert sorted(tuple(row) for row in rows) == [("processando", "off"), ("sucesso", "on")]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {seen}"))
+            conn.execute(text(f"DROP TRIGGER IF EXISTS {trigger} ON {table_name}"))
+            conn.execute(text(f"DROP FUNCTION {trigger}()"))
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_row_level_security_tenant_switch_does_not_leak_to_the_next_task(
     engine: Engine, app: App, installed: None, rls_engine: tuple[Engine, str]
 ) -> None:
