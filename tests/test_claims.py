@@ -35,8 +35,9 @@ from sqla_queue.leases import Heartbeat
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
-from tests.app import App
+from tests.app import App, build
 from tests.conftest import wait_until
+from tests.servers import PrivatePostgres
 from tests.test_worker import EXHAUSTED_SUFFIX, RESCUED, drain, effects, enqueue, tasks
 
 RESCUED_LAST = (
@@ -414,3 +415,48 @@ def test_columns_added_to_the_model_are_carried_to_retry_and_dead_rows(
         ]
     finally:
         Base.metadata.drop_all(engine)
+
+
+# --------------------------------------------------------------- a crash after the claim
+def test_a_crash_after_an_unflushed_claim_loses_no_completion_and_runs_nothing_twice(
+    private_postgres: PrivatePostgres, table_name: str, installed: None
+) -> None:
+    """The claim commits without waiting for its WAL flush; the completion
+    waits for its own, which covers the claim's record before it. On a
+    cluster whose commits are durable (the test clusters' default turns
+    that off), with the WAL writer slowed so that an unflushed claim stays
+    unflushed: a batch completed before a crash (SIGKILL of every server
+    process) is still completed after it, and a batch claimed but not run
+    is run once afterwards, whether its claim survived (then rescued) or
+    not (then pending again)."""
+    with private_postgres.connect() as admin:
+        admin.execute("ALTER SYSTEM SET synchronous_commit = on")
+        admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        admin.execute("SELECT pg_reload_conf()")
+    app = build(table_name)
+    engine = private_postgres.engine(pool_pre_ping=True)
+    app.Base.metadata.create_all(engine)
+    done_id, claimed_id = enqueue(engine, app, {"n": 1}, {"n": 2})
+
+    worker = runner(app.RecordingWorker, engine)
+    with worker.adapter.connect_claim(engine) as claim, engine.connect() as work:
+        [first] = worker.manager.claim(claim, limit=1)
+        result = worker.manager.run_batch(claim, work, [first], worker.worker.dispatch)
+        [second] = worker.manager.claim(claim, limit=1)
+        private_postgres.kill()
+    assert (first.id, second.id, result.succeeded) == (done_id, claimed_id, 1)
+    private_postgres.start()
+    engine.dispose()
+
+    after_crash = {task.id: task.status for task in tasks(engine, app)}
+    assert after_crash[done_id] == "sucesso"  # the completion's flush took the claim with it
+    # here the claim is lost (pendente) in each run seen; a flushed one would
+    # be rescued instead
+    assert after_crash[claimed_id] in ("processando", "pendente")
+    assert effects(engine, app) == [(done_id, done_id, "{'n': 1}")]
+
+    drain(app.RecordingWorker, engine)  # the start-up rescue sees the dead claim's lock gone
+    finished = [t for t in tasks(engine, app) if t.status == "sucesso"]
+    assert sorted(t.initial_id or t.id for t in finished) == [done_id, claimed_id]
+    assert sorted(chain for _, chain, _ in effects(engine, app)) == [done_id, claimed_id]
+    engine.dispose()
