@@ -599,15 +599,15 @@ def _write(
             locks.take(buckets)
         if _fast_path(conn, adapter, spec):
             _copy_all(conn, adapter, spec, batches, now, counts)
-            batches = ()
-        for batch in batches:
-            rows = list(_rows(spec, batch, now))
-            counts["rows"] += len(rows)
-            if spec.dedupe:
-                rows = _new_rows(conn, adapter, spec, rows, seen)
-                counts["duplicates"] += batch.num_rows - len(rows)
-            if rows:
-                counts["enqueued"] += _insert(conn, adapter, rows)
+        else:
+            for batch in batches:
+                rows = list(_rows(spec, batch, now))
+                counts["rows"] += len(rows)
+                if spec.dedupe:
+                    rows = _new_rows(conn, adapter, spec, rows, seen)
+                    counts["duplicates"] += batch.num_rows - len(rows)
+                if rows:
+                    counts["enqueued"] += _insert(conn, adapter, rows)
         if counts["enqueued"] and adapter.supports_notify:
             adapter.notify(conn)
     if locks is not None:
