@@ -60,6 +60,7 @@ BACKOFF_JITTER_SECONDS = Range(0, 86_400, unit="seconds")
 PURGE_MAX_AGE_DAYS = Range(0, 36500, unit="days")
 PURGE_LIMIT = Range(1, 100_000, integer=True)
 PURGE_ROUNDS = Range(1, 1_000_000, integer=True)
+VACUUM_DEAD_TUPLES = Range(0, 1_000_000_000, integer=True)
 
 #: PEQ's settings that sqla-queue accepts in the table and does not use
 PEQ_UNUSED = {
@@ -529,6 +530,26 @@ CATALOGUE: tuple[Setting, ...] = (
         kind=ScheduleKind(),
         default="@every 1m",
         table=("ttl_schedule",),
+    ),
+    _s(
+        "vacuum_schedule",
+        _MAINT,
+        "When the vacuum routine looks at the queue table's dead tuples (PostgreSQL).",
+        env=("SQLA_QUEUE_VACUUM_CRON",),
+        kind=ScheduleKind(),
+        default="@every 1m",
+        table=("vacuum_schedule",),
+    ),
+    _s(
+        "vacuum_dead_tuples",
+        _MAINT,
+        "PostgreSQL: the vacuum routine runs `VACUUM (ANALYZE)` on the queue table once it "
+        "holds this many dead tuples, unless an old snapshot would keep them (then it logs "
+        "a warning naming the holder). `0`: never.",
+        env=("SQLA_QUEUE_VACUUM_DEAD_TUPLES",),
+        kind=Number(VACUUM_DEAD_TUPLES),
+        default=10_000,
+        table=("vacuum_dead_tuples",),
     ),
     _s(
         "purge_max_age",

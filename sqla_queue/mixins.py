@@ -33,6 +33,7 @@ from sqlalchemy import (
     event,
     false,
     literal_column,
+    or_,
     text,
 )
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -44,7 +45,16 @@ from .identifiers import derived_identifier, validate_identifier
 from .payload import UNHASHED, PendingHash, decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
-__all__ = ["COLUMN_NAMES", "LEASE_COLUMNS", "OWN_COLUMNS", "TIMING_COLUMNS", "QueueMixin", "Status"]
+__all__ = [
+    "COLUMN_NAMES",
+    "LEASE_COLUMNS",
+    "OWN_COLUMNS",
+    "TIMING_COLUMNS",
+    "QueueMixin",
+    "Status",
+    "status_is",
+    "status_literal",
+]
 
 DEFAULT_PRIORITY = 50
 MESSAGE_MAX_LENGTH = 500  # varchar(500) in the reference DDL
@@ -73,9 +83,26 @@ class Status(str, enum.Enum):
         return self.value
 
 
-#: inline in the SQL, never a bound value: the planner must see the constant
-#: to match a query to ix_equivalente's predicate (see equivalence_criteria)
-_PROCESSING_LITERAL = literal_column(f"'{Status.PROCESSING.value}'", String)
+def status_literal(status: Status | str) -> ColumnElement[str]:
+    """A status value written into the SQL text, never bound.
+
+    PostgreSQL can use a partial index (``WHERE status = 'pendente'``) only
+    for a statement whose condition implies the index's predicate, and a
+    prepared statement's generic plan cannot know a bound value: it reads
+    the whole table instead, and with no ANALYZE that plan stays cached for
+    good. The values are the six constants of :class:`Status`, so writing
+    them inline is safe (``Status(status)`` refuses anything else)."""
+    return literal_column(f"'{Status(status).value}'", String)
+
+
+def status_is(column: Any, *statuses: Status | str) -> ColumnElement[bool]:
+    """``column = 'x'`` or ``column IN ('x', 'y')``, the values inline."""
+    if len(statuses) == 1:
+        return column == status_literal(statuses[0])  # type: ignore[no-any-return]
+    return column.in_([status_literal(status) for status in statuses])  # type: ignore[no-any-return]
+
+
+_PROCESSING_LITERAL = status_literal(Status.PROCESSING)
 
 
 class QueueMixin:
@@ -351,6 +378,9 @@ def add_queue_schema(table: Table, channel: str) -> None:
     _add_notify_trigger(table, channel)
 
 
+_STATUS_VALUES = frozenset(status.value for status in Status)
+
+
 def equivalence_predicate(c: Any) -> ColumnElement[bool]:
     """The rows of ``ix_<table>_equivalente`` where the dialect has partial
     indexes: those with a payload, outside ``processando``."""
@@ -373,10 +403,37 @@ def equivalence_criteria(
     others = [status for status in wanted if status != Status.PROCESSING.value]
     criteria: list[ColumnElement[bool]] = []
     if others:
-        criteria.append(and_(equivalence_predicate(c), c.status.in_(others)))
+        known = [status for status in others if status in _STATUS_VALUES]
+        unknown = [status for status in others if status not in _STATUS_VALUES]
+        # the known values inline (a plan that fits any parameters), others bound
+        matched = [status_is(c.status, *known)] if known else []
+        if unknown:
+            matched.append(c.status.in_(unknown))
+        criteria.append(and_(equivalence_predicate(c), or_(*matched)))
     if len(others) < len(wanted):
         criteria.append(c.status == _PROCESSING_LITERAL)
     return criteria
+
+
+#: A queue table's storage parameters on PostgreSQL. Every task's row is
+#: updated two or three times and later deleted, so the defaults made for
+#: ordinary tables let dead tuples pile up: where autovacuum runs, it runs
+#: for this table after 1,000 dead tuples plus 1 % of the table (the default
+#: waits for 20 %: a million dead rows beside five million finished ones),
+#: at full speed, and analyses it as often. fillfactor 90 leaves room on
+#: each page for the heartbeat's lease renewals (lease_expires_at is in no
+#: index, so they can be HOT updates: no index entry written); status
+#: changes are never HOT (the partial indexes depend on status), and a
+#: lower fillfactor would make every finished row cost more bytes.
+STORAGE_PARAMETERS: tuple[tuple[str, str], ...] = (
+    ("fillfactor", "90"),
+    ("autovacuum_vacuum_threshold", "1000"),
+    ("autovacuum_vacuum_scale_factor", "0.01"),
+    ("autovacuum_vacuum_insert_scale_factor", "0.05"),
+    ("autovacuum_analyze_threshold", "1000"),
+    ("autovacuum_analyze_scale_factor", "0.02"),
+    ("autovacuum_vacuum_cost_delay", "0"),
+)
 
 
 @dataclass(frozen=True)
@@ -389,6 +446,9 @@ class NotifyTriggerDDL:
     trigger: str
     create_function: str
     create_trigger: str
+    #: the table's storage parameters (STORAGE_PARAMETERS), set with the
+    #: trigger wherever a queue table is made on PostgreSQL
+    set_storage: str
     drop_trigger: str
     drop_function: str
 
@@ -415,6 +475,11 @@ def notify_trigger_ddl(table_name: str, schema: str | None, channel: str) -> Not
             f'CREATE TRIGGER "{trigger}" AFTER INSERT ON {qualified}"{table_name}" '
             f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
         ),
+        set_storage=(
+            f'ALTER TABLE {qualified}"{table_name}" SET ('
+            + ", ".join(f"{name} = {value}" for name, value in STORAGE_PARAMETERS)
+            + ")"
+        ),
         drop_trigger=f'DROP TRIGGER IF EXISTS "{trigger}" ON {qualified}"{table_name}"',
         drop_function=f"DROP FUNCTION IF EXISTS {function}()",
     )
@@ -425,6 +490,7 @@ def _add_notify_trigger(table: Table, channel: str) -> None:
     for when, statement in (
         ("after_create", ddl.create_function),
         ("after_create", ddl.create_trigger),
+        ("after_create", ddl.set_storage),
         ("after_drop", ddl.drop_function),
     ):
         ddl_element = DDL(statement)  # type: ignore[no-untyped-call]

@@ -49,11 +49,11 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
-from ..mixins import OWN_COLUMNS, Status
+from ..mixins import OWN_COLUMNS, Status, status_is
 from ..records import TaskRecord
 from ..types import UtcDateTime, utcnow
 
-__all__ = ["Adapter", "ClaimFilter", "Listener"]
+__all__ = ["Adapter", "ClaimFilter", "Listener", "VacuumState"]
 
 SUCCESS_MESSAGE = "Concluído com sucesso"
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
@@ -105,6 +105,16 @@ class ClaimFilter:
         if not self.subscriber_ids:
             return publications
         return or_(publications, c.subscriber_id.in_(sorted(self.subscriber_ids)))
+
+
+@dataclass(frozen=True)
+class VacuumState:
+    """What the vacuum routine needs to know of a queue table."""
+
+    dead_tuples: int
+    #: who holds the oldest snapshot, when it keeps a vacuum from freeing
+    #: anything (one line, no query text); None when nothing does
+    horizon_holder: str | None = None
 
 
 class Listener:
@@ -220,6 +230,8 @@ class Adapter:
     claim_autocommit: ClassVar[bool] = False
     supports_notify: ClassVar[bool] = False
     supports_task_locks: ClassVar[bool] = False
+    #: the vacuum routine has something to do (table_vacuum_state, table_vacuum)
+    supports_vacuum: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -242,7 +254,7 @@ class Adapter:
         c = table.c
         self._claim_order = (c.prioridade.desc(), c.data_hora, c.id)
         self._insert_returning = insert(table).returning(c.id, sort_by_parameter_order=True)
-        claimed = (c.status == Status.PROCESSING.value, c.worker_id == bindparam("owner"))
+        claimed = (status_is(c.status, Status.PROCESSING), c.worker_id == bindparam("owner"))
         self._claimed_by_owner = claimed
         # completion and hand-back are guarded by the claim: a row that is no
         # longer 'processando' for this worker (rescued, taken over) is not
@@ -274,21 +286,21 @@ class Adapter:
             .where(
                 c.id.in_(
                     select(c.id)
-                    .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+                    .where(status_is(c.status, Status.SCHEDULED), c.data_hora <= self.now())
                     .limit(PROMOTE_CHUNK)
                     .scalar_subquery()
                 ),
-                c.status == Status.SCHEDULED.value,
+                status_is(c.status, Status.SCHEDULED),
             )
             .values(status=Status.PENDING.value)
         )
         self._lost = (
             select(c.id)
-            .where(c.status == Status.PROCESSING.value, self._lease_lost())
+            .where(status_is(c.status, Status.PROCESSING), self._lease_lost())
             .order_by(c.id)
             .limit(bindparam("limit", type_=Integer, literal_execute=True))
         )
-        self._next_due = select(func.min(c.data_hora)).where(c.status == Status.SCHEDULED.value)
+        self._next_due = select(func.min(c.data_hora)).where(status_is(c.status, Status.SCHEDULED))
         self._payloads = select(c.id, c.payload).where(self._id_in("ids"))
         self._rows_by_id = select(self.table).where(self._id_in("ids"))
         self._null_by_default = frozenset(
@@ -308,7 +320,7 @@ class Adapter:
         """The claim's test of a ready row: ``pendente``, due, and within
         this adapter's claim filter."""
         c = self.table.c
-        where = [c.status == Status.PENDING.value, c.data_hora <= self.now()]
+        where = [status_is(c.status, Status.PENDING), c.data_hora <= self.now()]
         routed = None if self.claim_filter is None else self.claim_filter.predicate(self.table)
         if routed is not None:
             where.append(routed)
@@ -546,7 +558,7 @@ class Adapter:
         c = self.table.c
         due = c.data_hora <= self.now()
         pending = exists().where(*self._ready())
-        scheduled = exists().where(c.status == Status.SCHEDULED.value, due)
+        scheduled = exists().where(status_is(c.status, Status.SCHEDULED), due)
         return bool(conn.execute(select(or_(pending, scheduled))).scalar())
 
     def task_next_due(self, conn: Connection) -> dt.datetime | None:
@@ -597,7 +609,7 @@ class Adapter:
         (and, when given, still has that lease: the rescue's check that the
         worker did not renew it meanwhile). Whether the row was changed."""
         c = self.table.c
-        where = [c.id == task_id, c.status == Status.PROCESSING.value]
+        where = [c.id == task_id, status_is(c.status, Status.PROCESSING)]
         where.append(c.worker_id.is_(None) if owner is None else c.worker_id == owner)
         if lease_expires_at is not ...:
             where.append(c.lease_expires_at.is_not_distinct_from(lease_expires_at))
@@ -632,6 +644,16 @@ class Adapter:
 
     def lock_release(self, conn: Connection, *, key: int) -> None:
         raise UnsupportedOperationError(f"{self.family}: lock_release")
+
+    # ------------------------------------------------------------ vacuum
+    def table_vacuum_state(self, conn: Connection, horizon_seconds: float) -> VacuumState:
+        """The table's dead tuples, and who holds a snapshot older than
+        ``horizon_seconds`` (where the database says)."""
+        raise UnsupportedOperationError(f"{self.family}: table_vacuum_state")
+
+    def table_vacuum(self, conn: Connection) -> None:
+        """Vacuum the table (outside any transaction)."""
+        raise UnsupportedOperationError(f"{self.family}: table_vacuum")
 
     # ------------------------------------------------------------ errors
     def is_permanent(self, exc: BaseException) -> bool:

@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..mixins import Status
+from ..mixins import Status, status_is
 from ..records import TaskRecord
 from .base import PROMOTE_CHUNK, Adapter
 
@@ -77,13 +77,13 @@ class MySQLAdapter(Adapter):
         # deadlocks with the claim's UPDATE, whose index entries it touches.
         self._due_ids = self._locking(
             select(c.id)
-            .where(c.status == Status.SCHEDULED.value, c.data_hora <= self.now())
+            .where(status_is(c.status, Status.SCHEDULED), c.data_hora <= self.now())
             .order_by(c.data_hora, c.id)
             .limit(self._limit_param())
         )
         self._promote_ids = (
             update(self.table)
-            .where(self._id_in("ids"), c.status == Status.SCHEDULED.value)
+            .where(self._id_in("ids"), status_is(c.status, Status.SCHEDULED))
             .values(status=Status.PENDING.value)
         )
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     cast,
+    event,
     func,
     literal,
     or_,
@@ -45,13 +46,15 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..exceptions import UnsupportedOperationError
-from ..mixins import Status
+from ..mixins import Status, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
 from .base import (
     PROMOTE_CHUNK,
+    SUCCESS_MESSAGE,
     Adapter,
     Listener,
+    VacuumState,
     driver_cursor,
     statements_unobserved,
 )
@@ -69,6 +72,10 @@ RECONNECT_DELAY_SECONDS = 1.0
 #: releases the per-task lock of task x, for each x of the ids array :ids
 TASK_UNLOCK = "pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)"
 OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
+#: set on the worker's own connections (claim, heartbeat, routines): see
+#: PostgresAdapter.own_connection
+PLANNER_SETTINGS = (("enable_seqscan", "off"),)
+_PLANNER_MARK = "sqla_queue_planner"
 
 
 def _lock_objid(id_expr: Any) -> Any:
@@ -128,6 +135,7 @@ class PostgresAdapter(Adapter):
     claim_autocommit = True
     supports_notify = True
     supports_task_locks = True
+    supports_vacuum = True
 
     #: deadlock_detected, serialization_failure, lock_not_available
     TRANSIENT_SQLSTATES: ClassVar[frozenset[str]] = frozenset({"40P01", "40001", "55P03"})
@@ -169,6 +177,30 @@ class PostgresAdapter(Adapter):
             )
             .returning(*returned)
         )
+        # One row a statement, run as an executemany (psycopg pipelines it:
+        # one round trip). "id = ANY(:ids)" has no plan that cannot go wrong:
+        # a generic plan counts ten ids, and on a table the planner has never
+        # measured (ten pages, by its rule) ten index probes cost more than
+        # reading the table, a plan then kept for as long as the statement
+        # is prepared, whatever the table grows to. One primary-key probe
+        # always costs less than those ten pages.
+        one = c.id == bindparam("b_id")
+        self._complete_one = (
+            update(t)
+            .where(one, *self._claimed_by_owner)
+            .values(
+                status=Status.SUCCEEDED.value,
+                mensagem=bindparam("b_message"),
+                finished_at=self.clock(),
+            )
+        )
+        self._hand_back_one = (
+            update(t)
+            .where(one, *self._claimed_by_owner)
+            .values(
+                status=Status.PENDING.value, worker_id=None, lease_expires_at=None, started_at=None
+            )
+        )
         self._unlock = text(f"SELECT count({TASK_UNLOCK}) {OVER_IDS}").bindparams(
             ns=self.task_lock_namespace
         )
@@ -188,7 +220,7 @@ class PostgresAdapter(Adapter):
         # due rows another transaction holds are left for the next round
         due = (
             select(c.id)
-            .where(c.status == Status.SCHEDULED.value, c.data_hora <= func.now())
+            .where(status_is(c.status, Status.SCHEDULED), c.data_hora <= func.now())
             .order_by(c.data_hora)
             .limit(PROMOTE_CHUNK)
             .with_for_update(skip_locked=True)
@@ -367,6 +399,86 @@ class PostgresAdapter(Adapter):
         rows = self._keep_locked(conn, result.all(), owner)
         return self._records(keys, rows, conn)
 
+    def task_complete_many(
+        self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
+    ) -> int:
+        if not results:
+            return 0
+        rows = [
+            {"b_id": task_id, "owner": owner, "b_message": message or SUCCESS_MESSAGE}
+            for task_id, message in results
+        ]
+        return int(conn.execute(self._complete_one, rows).rowcount)
+
+    def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int], owner: str) -> int:
+        if not ids:
+            return 0
+        rows = [{"b_id": task_id, "owner": owner} for task_id in ids]
+        return int(conn.execute(self._hand_back_one, rows).rowcount)
+
+    # ------------------------------------------------------------ connections
+    def connect_claim(self, engine: Engine) -> Connection:
+        return self.own_connection(super().connect_claim(engine))
+
+    def connect_maintenance(self, engine: Engine) -> Connection:
+        return self.own_connection(super().connect_maintenance(engine))
+
+    def own_connection(self, conn: Connection) -> Connection:
+        """Plan this connection's statements without sequential scans.
+
+        The claim, the heartbeat and the routines run on connections that
+        carry no application statement, so a session setting there touches
+        nothing else: ``enable_seqscan = off`` makes every plan of ours that
+        can use an index use it, whatever the statistics say, prepared or
+        not. Without it a table that PostgreSQL never analysed (autovacuum
+        late or off; a new table) is costed at ten pages, a full scan looks
+        cheaper than a few index probes, and a prepared statement keeps that
+        generic plan while the table grows (docs/benchmarks.md, (f)).
+        Set once per server session, and reset when the connection goes back
+        to the pool (where a handler's session may take it next). Not behind
+        a transaction-pooling PgBouncer (``task_locks`` off): a session
+        setting would reach another client's statements there."""
+        if not self.task_locks:
+            return conn
+        record = conn.connection
+        if not record.info.get(_PLANNER_MARK):
+            pool = conn.engine.pool
+            if not event.contains(pool, "checkin", _reset_planner):
+                event.listen(pool, "checkin", _reset_planner)
+            with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+                for name, value in PLANNER_SETTINGS:
+                    conn.execute(text("SELECT set_config(:n, :v, false)"), {"n": name, "v": value})
+            record.info[_PLANNER_MARK] = True
+        return conn
+
+    # ------------------------------------------------------------ vacuum
+    def table_vacuum_state(self, conn: Connection, horizon_seconds: float) -> VacuumState:
+        dead = conn.execute(
+            text(
+                "SELECT coalesce(n_dead_tup, 0) FROM pg_stat_all_tables "
+                "WHERE relid = to_regclass(:table)"
+            ),
+            {"table": self._quoted()},
+        ).scalar()
+        holder = conn.execute(_HORIZON_HOLDER, {"seconds": float(horizon_seconds)}).first()
+        return VacuumState(int(dead or 0), None if holder is None else str(holder[0]))
+
+    def table_vacuum(self, conn: Connection) -> None:
+        if conn.in_transaction():
+            conn.commit()
+        statement = f"VACUUM (ANALYZE, SKIP_LOCKED) {self._quoted()}"
+        # VACUUM refuses to run in a transaction: the driver's autocommit,
+        # for this one statement
+        with driver_cursor(conn, statement) as cursor:
+            dbapi_connection = conn.connection.dbapi_connection
+            assert dbapi_connection is not None
+            autocommit = dbapi_connection.autocommit
+            dbapi_connection.autocommit = True
+            try:
+                cursor.execute(statement)
+            finally:
+                dbapi_connection.autocommit = autocommit
+
     def lock_release_many(self, conn: Connection, *, ids: Any) -> None:
         if ids and self.task_locks:
             conn.execute(self._unlock, {"ids": list(ids)})
@@ -410,6 +522,44 @@ class PostgresAdapter(Adapter):
 
     def listener(self, engine: Engine) -> Listener:
         return PostgresListener(engine, self.channel)
+
+
+#: the oldest holder of the vacuum horizon, when it is old: a session of
+#: this database in a transaction (or idle in one) for ``:seconds``, a
+#: replication slot with an xmin, or a prepared transaction. One line each.
+_HORIZON_HOLDER = text(
+    "SELECT what FROM ("
+    " SELECT format('pid %s (%s, %s, application %L) for %s s', pid, state,"
+    "  coalesce(backend_type, ''), application_name,"
+    "  round(extract(epoch FROM clock_timestamp() - xact_start))) AS what,"
+    "  age(backend_xmin) AS held"
+    " FROM pg_stat_activity"
+    " WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    "  AND (datname = current_database() OR datname IS NULL)"
+    "  AND xact_start < clock_timestamp() - make_interval(secs => :seconds)"
+    " UNION ALL"
+    " SELECT format('replication slot %L', slot_name), age(xmin)"
+    " FROM pg_replication_slots WHERE xmin IS NOT NULL"
+    " UNION ALL"
+    " SELECT format('prepared transaction %L', gid), age(transaction)"
+    " FROM pg_prepared_xacts WHERE prepared < clock_timestamp() - make_interval(secs => :seconds)"
+    ") AS holders ORDER BY held DESC LIMIT 1"
+)
+
+
+def _reset_planner(dbapi_connection: Any, record: Any) -> None:
+    """Pool check-in: a connection that ran the worker's own statements goes
+    back with the server's planner settings."""
+    if not record.info.pop(_PLANNER_MARK, False) or dbapi_connection is None:
+        return
+    try:
+        autocommit = dbapi_connection.autocommit
+        dbapi_connection.autocommit = True
+        for name, _ in PLANNER_SETTINGS:
+            dbapi_connection.execute(f"RESET {name}")
+        dbapi_connection.autocommit = autocommit
+    except Exception:  # a broken connection: the pool's own check will drop it
+        record.invalidate()
 
 
 class PostgresListener(Listener):

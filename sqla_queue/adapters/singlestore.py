@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, event, select, update
 
 from ..exceptions import UnsupportedOperationError
-from ..mixins import Status
+from ..mixins import Status, status_is
 from ..records import TaskRecord
 from .base import Adapter
 from .mysql import MySQLAdapter
@@ -57,7 +57,7 @@ class SingleStoreAdapter(MySQLAdapter):
         c = self.table.c
         self._take = (
             update(self.table)
-            .where(self._id_in("ids"), c.status == Status.PENDING.value)
+            .where(self._id_in("ids"), status_is(c.status, Status.PENDING))
             .values(
                 status=Status.PROCESSING.value,
                 worker_id=bindparam("token"),

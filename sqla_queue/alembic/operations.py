@@ -313,7 +313,7 @@ class DropQueueNotifyTriggerOp(_TriggerOp):
 @Operations.implementation_for(CreateQueueNotifyTriggerOp)
 def _create_trigger(operations: Operations, op: CreateQueueNotifyTriggerOp) -> None:
     ddl = notify_trigger_ddl(op.table_name, op.schema, op.channel)
-    op._execute(operations, ddl.create_function, ddl.create_trigger)
+    op._execute(operations, ddl.create_function, ddl.create_trigger, ddl.set_storage)
 
 
 @Operations.implementation_for(DropQueueNotifyTriggerOp)

@@ -1,9 +1,9 @@
-"""Maintenance routines: rescue, schedule, purge, ttl; one module each.
+"""Maintenance routines: rescue, schedule, purge, ttl, vacuum; one module each.
 
 Every worker runs them (there is no central node): each routine on its
 schedule, in a thread of its own, with a connection of its own, and only
 one worker of a queue runs a routine in a given slot (``scheduler.py``,
-under the lock of ``lock.py``). ``build_routines`` makes a worker's four
+under the lock of ``lock.py``). ``build_routines`` makes a worker's five
 from its effective settings (``catalog.py``).
 """
 
@@ -26,6 +26,7 @@ from .schedule import ScheduleConfig, ScheduleRoutine
 from .scheduler import Maintenance, SlotRun
 from .timing import Every, Schedule
 from .ttl import TtlConfig, TtlRoutine
+from .vacuum import VacuumConfig, VacuumRoutine
 
 __all__ = [
     "ROUTINES",
@@ -46,11 +47,13 @@ __all__ = [
     "SystemClock",
     "TtlConfig",
     "TtlRoutine",
+    "VacuumConfig",
+    "VacuumRoutine",
     "build_routines",
     "routine_lock_for",
 ]
 
-ROUTINES = ("rescue", "schedule", "purge", "ttl")
+ROUTINES = ("rescue", "schedule", "purge", "ttl", "vacuum")
 
 
 def build_routines(
@@ -94,6 +97,13 @@ def build_routines(
             adapter,
             effective["ttl_schedule"],
             TtlConfig(ttl_minutes=effective["item_ttl"]),
+            clock=clock,
+        ),
+        VacuumRoutine(
+            engine,
+            adapter,
+            effective["vacuum_schedule"],
+            VacuumConfig(dead_tuples=int(effective["vacuum_dead_tuples"])),
             clock=clock,
         ),
     ]
