@@ -143,6 +143,7 @@ SCHEDULES = {
     "SQLA_QUEUE_SCHEDULE_CRON": "* * * * *",
     "SQLA_QUEUE_PURGE_CRON": "* * * * *",
     "SQLA_QUEUE_TTL_CRON": "* * * * *",
+    "SQLA_QUEUE_VACUUM_CRON": "* * * * *",
     "SQLA_QUEUE_ITEM_TTL": "60",
 }
 
@@ -157,7 +158,7 @@ def test_four_workers_racing_run_each_routine_once_per_slot(engine: Engine, app:
         for _ in range(3):
             slot = clock.advance(60).replace(second=0)
             slots.append(slot)
-            for name in ("rescue", "schedule", "purge", "ttl"):
+            for name in SCHEDULES_ROUTINES:
                 wait_until(
                     lambda name=name, slot=slot: all(
                         w.maintenance.considered(name) == slot for w in workers
@@ -172,7 +173,7 @@ def test_four_workers_racing_run_each_routine_once_per_slot(engine: Engine, app:
     assert all(run.result.error is None for w in workers for run in w.maintenance.history)
 
 
-SCHEDULES_ROUTINES = ("rescue", "schedule", "purge", "ttl")
+SCHEDULES_ROUTINES = ("rescue", "schedule", "purge", "ttl", "vacuum")
 
 
 # ------------------------------------------------------------------ rescue
@@ -411,5 +412,5 @@ def test_maintenance_run_command_prints_what_it_did(
     )
     assert done.stdout.startswith("purge: chains 1, rows 1, chunks 1, open chains kept 0 in ")
     assert statuses(engine, app) == {}
-    bad = run_cli("maintenance", "run", "vacuum", "tests.app:RecordingWorker", env=env, check=False)
+    bad = run_cli("maintenance", "run", "compact", "tests.app:RecordingWorker", env=env, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -37,7 +37,7 @@ OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING
 CLOSED_STATUSES = (Status.SUCCEEDED.value, Status.FAILED.value, Status.FAILED_PROCESSING.value)
 
 #: ids per IN list on the databases that take them one parameter each
-IN_LIST_MAX = 500
+IN_LIST_MAX = 100
 
 #: (id, id_inicial, dead, live_id, status, data_hora) of a row of a family
 FamilyRow = tuple[int, int | None, bool, int | None, str | None, dt.datetime | None]
