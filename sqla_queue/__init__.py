@@ -6,6 +6,8 @@ queue in the same transaction as the work that consumed it.
 
 from __future__ import annotations
 
+from . import events as _events
+from . import flush_insert as _flush_insert
 from .client import QueueClient
 from .events import install, uninstall
 from .exceptions import (
@@ -60,3 +62,5 @@ __all__ = [
     "subscriber",
     "uninstall",
 ]
+
+_events.set_fast_writer(_flush_insert.write_new_tasks)

@@ -680,6 +680,17 @@ CATALOGUE: tuple[Setting, ...] = (
     ),
     # ---- others
     _s(
+        "orm_fast_insert",
+        _OTHER,
+        "`session.add(Task(...))`: the flush hook writes each new task itself, with one "
+        "Core INSERT, and hands the object to the session as a flushed one "
+        "(docs/payload.md). `false`: the ORM's unit of work writes it.",
+        env=("SQLA_QUEUE_ORM_FAST_INSERT",),
+        kind=Flag(),
+        default=True,
+        resolved=False,
+    ),
+    _s(
         "webhook_timeout",
         _OTHER,
         "Seconds a webhook call may take, more than 0 and at most 3600 (docs/webhooks.md).",

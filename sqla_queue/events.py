@@ -132,12 +132,25 @@ def _prepare_payload(task: QueueMixin, *, new: bool) -> None:
 
 def _before_flush(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
     new = session.new
-    for obj in new:
-        if isinstance(obj, QueueMixin):
-            prepare_task(obj)
+    tasks = [obj for obj in new if isinstance(obj, QueueMixin)]
+    for obj in tasks:
+        prepare_task(obj)
     for obj in session.dirty:
         if isinstance(obj, QueueMixin) and obj not in new:
             _prepare_payload(obj, new=False)
+    if tasks and _fast_writer is not None and instances is None:
+        _fast_writer(session, tasks)
+
+
+#: writes new tasks itself before the flush (flush_insert.py, plugged in by
+#: the package on import; None: the ORM's unit of work writes them)
+_fast_writer: Any = None
+
+
+def set_fast_writer(writer: Any) -> None:
+    """Plug in (or, with None, remove) the writer of new tasks."""
+    global _fast_writer
+    _fast_writer = writer
 
 
 @event.listens_for(QueueMixin, "before_insert", propagate=True)

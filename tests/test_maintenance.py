@@ -412,5 +412,7 @@ def test_maintenance_run_command_prints_what_it_did(
     )
     assert done.stdout.startswith("purge: chains 1, rows 1, chunks 1, open chains kept 0 in ")
     assert statuses(engine, app) == {}
-    bad = run_cli("maintenance", "run", "compact", "tests.app:RecordingWorker", env=env, check=False)
+    bad = run_cli(
+        "maintenance", "run", "compact", "tests.app:RecordingWorker", env=env, check=False
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr

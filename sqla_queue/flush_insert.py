@@ -1,0 +1,147 @@
+"""The flush hook's fast path: new tasks written by one Core statement each.
+
+A task added with ``session.add(Task(...))`` is, to the ORM's unit of work,
+a 27-column object to sort, diff, compile and post-fetch: about half of an
+enqueue's time on PostgreSQL (docs/benchmarks.md). The flush hook
+(``events.py``) completes the new tasks; then, for each one this module can
+take, it inserts the row itself through the adapter's direct INSERT (the
+statement ``QueueClient.insert_task`` runs: compiled once, run on the
+connection's own cursor in the session's transaction) and hands the object
+to the session as the flush would have: its ``id`` set, its history
+committed, in the identity map and in the transaction's new objects (so a
+rollback expunges it as it would a flushed one), ``pending_to_persistent``
+fired, and the columns the database filled (server defaults) expired, to be
+loaded on first access as after an ordinary flush with ``eager_defaults``
+off.
+
+Tasks are left to the ordinary flush, unchanged, when anything could make
+the two differ: the model has relationships, foreign keys, inheritance, a
+version counter, ``eager_defaults``, or its own ``before_insert`` /
+``after_insert`` listeners; or the task has an explicit id or an SQL
+expression as a value. Off by default it is not: it is the path every
+plain queue model takes. ``SQLA_QUEUE_ORM_FAST_INSERT=false`` turns it off.
+
+Written before the flush's own INSERTs, a task row precedes the business
+rows of the same flush; with no foreign key on the queue table (a condition
+above), the order is not observable inside the transaction.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Table, inspect
+from sqlalchemy.orm import Mapper, Session
+from sqlalchemy.sql import ClauseElement
+
+from .adapters import Adapter, adapter_for
+from .mixins import QueueMixin
+
+__all__ = ["write_new_tasks"]
+
+_eligible_mappers: dict[Mapper[Any], bool] = {}
+_adapters: dict[tuple[str, int], Adapter] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("SQLA_QUEUE_ORM_FAST_INSERT", "true").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
+
+
+def _eligible(mapper: Mapper[Any]) -> bool:
+    known = _eligible_mappers.get(mapper)
+    if known is None:
+        from .events import _refuse_unprepared_insert
+
+        table = mapper.local_table
+        before = [
+            fn for fn in mapper.dispatch.before_insert if not _is(fn, _refuse_unprepared_insert)
+        ]
+        known = _eligible_mappers[mapper] = bool(
+            isinstance(table, Table)
+            and mapper.inherits is None
+            and not mapper.polymorphic_map
+            and not mapper.relationships
+            and not table.foreign_keys
+            and mapper.version_id_col is None
+            and mapper.eager_defaults is False
+            and not before
+            and not list(mapper.dispatch.after_insert)
+            and hasattr(Session, "_register_persistent")
+        )
+    return known
+
+
+def _is(listener: Any, fn: Any) -> bool:
+    """Whether ``listener`` is ``fn``, or the wrapper the mapper events put
+    around it (a closure over it)."""
+    cells = getattr(listener, "__closure__", None) or ()
+    return listener is fn or any(_cell(cell) is fn for cell in cells)
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _adapter(dialect: Any, table: Table) -> Adapter:
+    key = (dialect.name, id(table))
+    adapter = _adapters.get(key)
+    if adapter is None:
+        channel = table.info.get("sqla_queue", {}).get("channel") or table.name
+        adapter = _adapters[key] = adapter_for(dialect, table, channel)
+    return adapter
+
+
+def _row(mapper: Mapper[Any], task: QueueMixin) -> tuple[dict[str, Any], list[str]] | None:
+    """The task's column values by column name, and the attributes the
+    database fills (to expire); None when the ORM must write it."""
+    values = task.__dict__
+    row: dict[str, Any] = {}
+    filled: list[str] = []
+    for prop in mapper.column_attrs:
+        column = prop.columns[0]
+        value = values.get(prop.key)
+        if isinstance(value, ClauseElement):
+            return None
+        if value is None:
+            if column.primary_key or column.server_default is not None:
+                filled.append(prop.key)
+            continue
+        if column.primary_key:
+            return None  # an id chosen by the application: the ORM's path
+        row[column.name] = value
+    return row, filled
+
+
+def write_new_tasks(session: Session, tasks: Iterable[QueueMixin]) -> None:
+    """Insert the new tasks this module can take and make them persistent."""
+    if not enabled():
+        return
+    for task in tasks:
+        state = inspect(task)
+        mapper = state.mapper
+        if state.key is not None or not _eligible(mapper):
+            continue
+        prepared = _row(mapper, task)
+        if prepared is None:
+            continue
+        row, filled = prepared
+        conn = session.connection(bind_arguments={"mapper": mapper})
+        table = mapper.local_table
+        assert isinstance(table, Table)
+        new_id = _adapter(conn.dialect, table).task_insert_one(conn, row=row)
+        pk = mapper.primary_key[0]
+        state.dict[mapper.get_property_by_column(pk).key] = new_id
+        session._register_persistent({state})
+        expired = [key for key in filled if mapper.get_property(key).columns[0] is not pk]
+        if expired:
+            session.expire(task, expired)
