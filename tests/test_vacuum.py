@@ -5,12 +5,14 @@ and nothing at all off PostgreSQL."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
 
 from sqla_queue.maintenance import VacuumConfig, VacuumRoutine
 from sqla_queue.maintenance.timing import Every
+from sqla_queue.mixins import STORAGE_PARAMETERS
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
 from tests.app import App
@@ -87,3 +89,30 @@ def test_vacuum_held_back_by_an_old_snapshot_warns_and_names_the_holder(
 def test_vacuum_does_nothing_off_postgresql(engine: Engine, app: App) -> None:
     result = _routine(engine, app, dead_tuples=1).run_once()
     assert result.counts == {"dead_tuples": 0, "vacuumed": 0}
+
+
+def _reloptions(conn: Any, table: str) -> set[str]:
+    options = conn.execute(
+        text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:t)"), {"t": table}
+    ).scalar()
+    return set(options or [])
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_storage_parameters_come_with_create_all_and_the_alembic_operation(
+    engine: Engine, app: App
+) -> None:
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    import sqla_queue.alembic  # noqa: F401  (registers the operations)
+
+    expected = {f"{name}={value}" for name, value in STORAGE_PARAMETERS}
+    table = app.Task.__tablename__
+    with engine.begin() as conn:
+        assert _reloptions(conn, table) == expected
+        conn.execute(text(f"ALTER TABLE {table} RESET (fillfactor)"))
+        operations = Operations(MigrationContext.configure(conn))
+        operations.drop_queue_notify_trigger(table, channel=table)
+        operations.create_queue_notify_trigger(table, channel=table)
+        assert _reloptions(conn, table) == expected
