@@ -109,6 +109,9 @@ class QueueMixin:
     """Columns of a queue table (one row per attempt)."""
 
     __queue_channel__: ClassVar[str | None] = None
+    #: False: no ix_<table>_equivalente, for a queue that never looks for
+    #: equivalent tasks (one index write less per insert and per sucesso)
+    __queue_equivalence_index__: ClassVar[bool] = True
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 
@@ -255,8 +258,9 @@ on which dialects the index is made (``dialects``, None: every one). The
 alembic operations read it (docs/migrations.md)."""
 
 
-def add_queue_schema(table: Table, channel: str) -> None:
-    """Indexes and, on PostgreSQL, the NOTIFY trigger of one queue table."""
+def add_queue_schema(table: Table, channel: str, *, equivalence_index: bool = True) -> None:
+    """Indexes and, on PostgreSQL, the NOTIFY trigger of one queue table.
+    ``equivalence_index``: whether to make ``ix_<table>_equivalente``."""
     if table.info.get("sqla_queue"):
         return
     validate_identifier(table.name, "table name")
@@ -352,15 +356,20 @@ def add_queue_schema(table: Table, channel: str) -> None:
     # a large index. Leaving 'processando' out halves those writes; a
     # look-up for running tasks reads them through ix_processando instead
     # (see equivalence_criteria).
-    equivalent = equivalence_predicate(c)
-    index(
-        "equivalente",
-        c.chave_externa,
-        c.payload_hash,
-        c.status,
-        postgresql_where=equivalent,
-        sqlite_where=equivalent,
-    )
+    # A queue that never looks for equivalent tasks (list_equivalent_task,
+    # the Spark writer's dedupe) can go without it: __queue_equivalence_index__
+    # = False on the model. Every insert and every 'sucesso' writes an entry
+    # at a random place in it (its key is a hash); docs/benchmarks.md, (g).
+    if equivalence_index:
+        equivalent = equivalence_predicate(c)
+        index(
+            "equivalente",
+            c.chave_externa,
+            c.payload_hash,
+            c.status,
+            postgresql_where=equivalent,
+            sqlite_where=equivalent,
+        )
     # A chain's rows: its retries (id_inicial) and its dead-letter run
     # (live_id). The purge reads whole chains through them. Partial where the
     # dialect can: a first attempt, most rows, has neither and costs nothing.
@@ -501,7 +510,11 @@ def _add_notify_trigger(table: Table, channel: str) -> None:
 def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
     table = mapper.local_table
     if isinstance(table, Table) and mapper.inherits is None:
-        add_queue_schema(table, channel_of(cls, table))
+        add_queue_schema(
+            table,
+            channel_of(cls, table),
+            equivalence_index=bool(getattr(cls, "__queue_equivalence_index__", True)),
+        )
     if mapper.inherits is None and "eager_defaults" not in _mapper_args(cls):
         # The INSERT returns the id only; the server defaults (data_hora,
         # tentativa, prioridade...) load on first access. Fetching them with

@@ -29,7 +29,7 @@ from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
 from sqla_queue import ConfigurationError, InvalidIdentifierError, QueueClient, QueueMixin
 from tests.app import App
-from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS, server_url
+from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS, created_engine, server_url
 
 # nsj-reference.md §1, as PostgreSQL reports the reference DDL
 REFERENCE_PG_TYPES = {
@@ -519,3 +519,24 @@ def test_longest_accepted_table_name_can_be_created(db_url: str) -> None:
         with engine.begin() as conn:  # MySQL keeps a table whose index failed
             conn.execute(text(f"DROP TABLE IF EXISTS {name}"))
         engine.dispose()
+
+
+def test_a_queue_without_the_equivalence_index_still_finds_equivalent_tasks(
+    db_url: str, table_name: str
+) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Lean(QueueMixin, Base):
+        __tablename__ = table_name
+        __queue_equivalence_index__ = False
+
+    assert f"ix_{table_name}_equivalente" not in {index.name for index in Lean.__table__.indexes}
+    with created_engine(db_url, Base.metadata) as engine, engine.begin() as conn:
+        names = {index["name"] for index in inspect(conn).get_indexes(table_name)}
+        assert f"ix_{table_name}_equivalente" not in names
+        client = QueueClient(conn, Lean)
+        task_id = client.insert_task("o", "d", "p", "k", {"a": 1})
+        client.insert_task("o", "d", "p", "k", {"a": 2})
+        found = client.list_equivalent_task("o", "d", "p", "k", {"a": 1})
+        assert [task.id for task in found] == [task_id]
