@@ -85,6 +85,12 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
     class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
         max_retry = 2
 
+    class Routed(Worker):  # claims through ix_<table>_pendente_processo
+        processes = frozenset({"faturar"})
+
+    with Session(engine) as session, session.begin():
+        QueueClient(session, app.Task.__tablename__).insert_task(processo="faturar", payload={})
+    assert Routed().run(engine=engine, burst=True, settings=settings, batch_size=4) == 0
     worker = Worker()
     assert worker.run(engine=engine, burst=True, settings=settings, batch_size=4) == 0
     runner = Runner(app.RecordingWorker(), engine=engine, settings=settings)
@@ -214,7 +220,10 @@ def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> No
     claims = [
         plan for query, plan in seen.plans if "SKIP LOCKED" in query and "worker_id=" in query
     ]
+    # the claim reads the ready rows in its own order and stops after them
     assert claims and all(f"ix_{table}_pendente" in plan for plan in claims)
+    assert all("Sort" not in plan for plan in claims)
+    assert any(f"ix_{table}_pendente_processo" in plan for plan in claims)
     assert _pg_full_scans(seen) == []
 
 
