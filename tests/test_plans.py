@@ -166,7 +166,8 @@ def _pg_full_scans(seen: Seen) -> list[str]:
     return [f"{query}\n{plan}" for query, plan in seen.plans if pattern.search(plan)]
 
 
-def _dead_tuples(engine: Engine, table: str, count: int) -> None:
+def make_dead_tuples(engine: Engine, table: str, count: int) -> None:
+    """``count`` dead tuples in ``table`` (rows inserted, then deleted)."""
     with engine.begin() as conn:
         conn.execute(
             text(
@@ -193,7 +194,7 @@ def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> No
         app.Base.metadata.create_all(engine)
         try:
             if dead:
-                _dead_tuples(engine, table, dead)
+                make_dead_tuples(engine, table, dead)
             with engine.connect() as conn:
                 analysed = conn.execute(
                     text(

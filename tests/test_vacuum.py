@@ -17,6 +17,7 @@ from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
 from tests.app import App
 from tests.conftest import wait_until
+from tests.test_plans import make_dead_tuples
 
 
 def _routine(engine: Engine, app: App, **config: float) -> VacuumRoutine:
@@ -34,27 +35,15 @@ def _dead(engine: Engine, table: str) -> int:
         )
 
 
-def _make_dead(engine: Engine, table: str, count: int) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                f"INSERT INTO {table} (processo, status) "
-                "SELECT 'morto', 'sucesso' FROM generate_series(1, :n)"
-            ),
-            {"n": count},
-        )
-        conn.execute(text(f"DELETE FROM {table} WHERE processo = 'morto'"))
-
-
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_vacuum_runs_past_the_threshold_and_frees_the_dead_tuples(engine: Engine, app: App) -> None:
     table = app.Task.__tablename__
     routine = _routine(engine, app, dead_tuples=5000)
-    _make_dead(engine, table, 3000)
+    make_dead_tuples(engine, table, 3000)
     wait_until(lambda: _dead(engine, table) >= 3000, message="the statistics to count 3000")
     below = routine.run_once()
     assert below.counts["vacuumed"] == 0 and below.counts["dead_tuples"] >= 3000
-    _make_dead(engine, table, 3000)
+    make_dead_tuples(engine, table, 3000)
     wait_until(lambda: _dead(engine, table) >= 6000, message="the statistics to count 6000")
     assert routine.run_once(dry_run=True).counts["vacuumed"] == 1
     assert _dead(engine, table) >= 6000  # a dry run changes nothing
@@ -74,7 +63,7 @@ def test_vacuum_held_back_by_an_old_snapshot_warns_and_names_the_holder(
         holder.commit()
         holder.execution_options(isolation_level="REPEATABLE READ")
         holder.execute(text(f"SELECT count(*) FROM {table}"))  # takes the snapshot
-        _make_dead(engine, table, 500)
+        make_dead_tuples(engine, table, 500)
         wait_until(lambda: _dead(engine, table) >= 500, message="the statistics to count 500")
         with caplog.at_level(logging.WARNING, logger="sqla_queue.maintenance"):
             blocked = routine.run_once()
