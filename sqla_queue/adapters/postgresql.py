@@ -428,7 +428,7 @@ class PostgresAdapter(Adapter):
         not. Without it a table that PostgreSQL never analysed (autovacuum
         late or off; a new table) is costed at ten pages, a full scan looks
         cheaper than a few index probes, and a prepared statement keeps that
-        generic plan while the table grows (docs/benchmarks.md, (f)).
+        generic plan while the table grows (docs/benchmarks.md, (g)).
         Set once per server session, and reset when the connection goes back
         to the pool (where a handler's session may take it next). Not behind
         a transaction-pooling PgBouncer (``task_locks`` off): a session
