@@ -118,6 +118,7 @@ TABLE = "lh_fila"
 LANES = 8
 WORK_SECONDS = 0.001
 RECORD_DIR_ENV = "LH_RECORD_DIR"
+SETUP_SQL_ENV = "LH_SQLA_SETUP_SQL"
 DEFAULT_SYSTEMS = "sqla_queue,sqla_queue_batch1,procrastinate,pgqueuer"
 MINUTE = 60.0
 
@@ -239,8 +240,15 @@ def _driver_setup(system: str, url: str) -> None:
     if system.startswith("sqla_queue"):
         from sqlalchemy import create_engine
 
+        from sqlalchemy import text
+
         engine = create_engine(_sqla_url(url))
         Base.metadata.create_all(engine)
+        # experiments with the schema: statements run after create_all
+        # (LH_SQLA_SETUP_SQL, separated by ';'), recorded in the report
+        with engine.begin() as conn:
+            for statement in filter(None, os.environ.get(SETUP_SQL_ENV, "").split(";")):
+                conn.execute(text(statement))
         engine.dispose()
     elif system == "procrastinate":
         app = _procrastinate_app(url)
@@ -940,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
             "git_commit": _git("rev-parse", "HEAD"),
             "git_dirty": bool(status),
             "systems": names,
+            "sqla_setup_sql": os.environ.get(SETUP_SQL_ENV) or None,
         },
         "systems": {},
     }

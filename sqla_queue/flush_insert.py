@@ -43,15 +43,23 @@ __all__ = ["write_new_tasks"]
 
 _eligible_mappers: dict[Mapper[Any], bool] = {}
 _adapters: dict[tuple[str, int], Adapter] = {}
+_ENV = "SQLA_QUEUE_ORM_FAST_INSERT"
+_flag: tuple[str | None, bool] = (None, True)
 
 
 def enabled() -> bool:
-    return os.environ.get("SQLA_QUEUE_ORM_FAST_INSERT", "true").strip().lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
+    """``SQLA_QUEUE_ORM_FAST_INSERT`` (default true); a value that is not a
+    boolean is a ``ConfigurationError`` (the flush, and so its transaction,
+    fails with nothing written)."""
+    global _flag
+    raw = os.environ.get(_ENV)
+    if raw is None:
+        return True
+    if raw != _flag[0]:
+        from .catalog import Flag
+
+        _flag = (raw, bool(Flag().parse(_ENV, raw)))
+    return _flag[1]
 
 
 def _eligible(mapper: Mapper[Any]) -> bool:
@@ -101,24 +109,42 @@ def _adapter(dialect: Any, table: Table) -> Adapter:
     return adapter
 
 
+#: per mapper: (attribute key, column name, primary key?, filled by the
+#: database when no value is given?) of each column attribute
+_plans: dict[Mapper[Any], tuple[tuple[str, str, bool, bool], ...]] = {}
+
+
+def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, str, bool, bool], ...]:
+    plan = _plans.get(mapper)
+    if plan is None:
+        plan = _plans[mapper] = tuple(
+            (
+                prop.key,
+                prop.columns[0].name,
+                bool(prop.columns[0].primary_key),
+                bool(prop.columns[0].primary_key or prop.columns[0].server_default is not None),
+            )
+            for prop in mapper.column_attrs
+        )
+    return plan
+
+
 def _row(mapper: Mapper[Any], task: QueueMixin) -> tuple[dict[str, Any], list[str]] | None:
     """The task's column values by column name, and the attributes the
-    database fills (to expire); None when the ORM must write it."""
+    database fills other than the primary key (to expire); None when the ORM
+    must write it."""
     values = task.__dict__
     row: dict[str, Any] = {}
     filled: list[str] = []
-    for prop in mapper.column_attrs:
-        column = prop.columns[0]
-        value = values.get(prop.key)
-        if isinstance(value, ClauseElement):
-            return None
+    for key, name, primary_key, server_filled in _plan(mapper):
+        value = values.get(key)
         if value is None:
-            if column.primary_key or column.server_default is not None:
-                filled.append(prop.key)
+            if server_filled and not primary_key:
+                filled.append(key)
             continue
-        if column.primary_key:
-            return None  # an id chosen by the application: the ORM's path
-        row[column.name] = value
+        if primary_key or isinstance(value, ClauseElement):
+            return None  # an id chosen by the application, or SQL: the ORM's path
+        row[name] = value
     return row, filled
 
 
@@ -142,6 +168,5 @@ def write_new_tasks(session: Session, tasks: Iterable[QueueMixin]) -> None:
         pk = mapper.primary_key[0]
         state.dict[mapper.get_property_by_column(pk).key] = new_id
         session._register_persistent({state})
-        expired = [key for key in filled if mapper.get_property(key).columns[0] is not pk]
-        if expired:
-            session.expire(task, expired)
+        if filled:
+            session.expire(task, filled)

@@ -12,6 +12,7 @@ from sqlalchemy import BigInteger, Engine, ForeignKey, Integer, event, func, ins
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import QueueMixin, flush_insert
+from sqla_queue.exceptions import ConfigurationError
 from tests.app import App
 from tests.conftest import created_engine
 
@@ -128,3 +129,18 @@ def test_tasks_the_fast_path_leaves_alone(
         if case == "sql expression":
             assert stored.priority == 60
     assert (calls == []) == (case == "turned off")
+
+
+def test_a_bad_fast_insert_flag_is_one_clear_error_and_nothing_is_written(
+    engine: Engine, app: App, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SQLA_QUEUE_ORM_FAST_INSERT", "maybe")
+    with pytest.raises(ConfigurationError) as raised:
+        with Session(engine) as session, session.begin():
+            session.add(app.Task(process="faturar", payload={"n": 1}))
+    assert str(raised.value) == "SQLA_QUEUE_ORM_FAST_INSERT must be true or false, not 'maybe'"
+    monkeypatch.setenv("SQLA_QUEUE_ORM_FAST_INSERT", "OFF")
+    with Session(engine) as session, session.begin():
+        session.add(app.Task(process="faturar", payload={"n": 2}))
+    with Session(engine) as session:
+        assert [t.payload for t in session.scalars(select(app.Task))] == [{"n": 2}]
