@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import json
@@ -238,9 +239,7 @@ def _procrastinate_app(url: str) -> Any:
 
 def _driver_setup(system: str, url: str) -> None:
     if system.startswith("sqla_queue"):
-        from sqlalchemy import create_engine
-
-        from sqlalchemy import text
+        from sqlalchemy import create_engine, text
 
         engine = create_engine(_sqla_url(url))
         Base.metadata.create_all(engine)
@@ -887,6 +886,19 @@ def _git(*args: str) -> str:
 # ----------------------------------------------------------------- main
 
 
+def _server_settings(cluster: Cluster) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        return {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]
+            for name in (
+                "server_version", "autovacuum", "fsync", "synchronous_commit",
+                "shared_buffers", "max_connections",
+            )
+        }  # fmt: skip
+
+
 def _parse_pin(text: str | None) -> tuple[float, float] | None:
     if not text:
         return None
@@ -921,6 +933,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=5499)
     parser.add_argument("--label", help="a name for this run in plots [default: file name]")
     parser.add_argument("--output", type=pathlib.Path)
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="all systems at once, each on a cluster of its own (ports --port, --port + 1, ...)",
+    )
     args = parser.parse_args(argv)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [n for n in names if n not in SYSTEMS]
@@ -953,39 +970,47 @@ def main(argv: list[str] | None = None) -> int:
         "systems": {},
     }
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="lh-run-"))
-    cluster = Cluster(args.port, autovacuum=args.autovacuum == "on")
+    # one cluster for all systems, one after the other; with --parallel one
+    # cluster per system (own WAL, buffers and autovacuum), all at once
+    autovacuum = args.autovacuum == "on"
+    clusters: list[Cluster] = []
     failed = False
     try:
         with _cleanup_on_sigterm():
-            cluster.start()
-            import psycopg
-
-            with psycopg.connect(cluster.url(), autocommit=True) as conn:
-                report["settings"]["postgres"] = {
-                    name: conn.execute(f"SHOW {name}").fetchone()[0]
-                    for name in (
-                        "server_version", "autovacuum", "fsync", "synchronous_commit",
-                        "shared_buffers", "max_connections",
-                    )
-                }  # fmt: skip
+            for i in range(len(names) if args.parallel else 1):
+                clusters.append(Cluster(args.port + i, autovacuum=autovacuum))
+                clusters[-1].start()
+            report["settings"]["postgres"] = _server_settings(clusters[0])
+            report["settings"]["parallel"] = args.parallel
             settings = Settings(args.rate, args.minutes, pin, args.drain_timeout, work_dir)
-            for name in names:
+
+            def one(name: str, cluster: Cluster) -> bool:
                 print(f"== {name} (port {cluster.port})", flush=True)
                 began = time.time()
+                ok = True
                 try:
                     result = run_system(cluster, SYSTEMS[name], settings)
                 except (RuntimeError, subprocess.CalledProcessError) as exc:
-                    failed = True
+                    ok = False
                     result = {"error": str(exc)}
                 result["wall_seconds"] = round(time.time() - began, 1)
                 report["systems"][name] = result
                 print(markdown(name, result), flush=True)
+                return ok
+
+            if args.parallel:
+                with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+                    oks = list(pool.map(one, names, clusters))
+            else:
+                oks = [one(name, clusters[0]) for name in names]
+            failed = not all(oks)
     except KeyboardInterrupt:
         print("interrupted: stopping", file=sys.stderr)
         failed = True
         report["settings"]["interrupted"] = True
     finally:
-        cluster.stop()
+        for cluster in clusters:
+            cluster.stop()
         shutil.rmtree(work_dir, ignore_errors=True)
     if report["systems"]:
         output.parent.mkdir(parents=True, exist_ok=True)

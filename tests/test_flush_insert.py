@@ -135,9 +135,8 @@ def test_a_bad_fast_insert_flag_is_one_clear_error_and_nothing_is_written(
     engine: Engine, app: App, installed: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SQLA_QUEUE_ORM_FAST_INSERT", "maybe")
-    with pytest.raises(ConfigurationError) as raised:
-        with Session(engine) as session, session.begin():
-            session.add(app.Task(process="faturar", payload={"n": 1}))
+    with pytest.raises(ConfigurationError) as raised, Session(engine) as session, session.begin():
+        session.add(app.Task(process="faturar", payload={"n": 1}))
     assert str(raised.value) == "SQLA_QUEUE_ORM_FAST_INSERT must be true or false, not 'maybe'"
     monkeypatch.setenv("SQLA_QUEUE_ORM_FAST_INSERT", "OFF")
     with Session(engine) as session, session.begin():

@@ -208,7 +208,7 @@ def test_postgresql_partial_indexes(engine: Engine, table_name: str) -> None:
         )
     assert "(prioridade DESC, data_hora, id)" in rows[f"ix_{table_name}_pendente"]
     assert rows[f"ix_{table_name}_equivalente"].endswith(
-        "(chave_externa, payload_hash, status) "
+        "USING hash (payload_hash) "
         "WHERE ((payload_hash IS NOT NULL) AND ((status)::text <> 'processando'::text))"
     )
     assert "USING brin (data_hora)" in rows[f"ix_{table_name}_data_hora"]
