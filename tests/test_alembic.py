@@ -307,9 +307,8 @@ def test_documented_upgrade_of_the_equivalence_index_gives_the_new_definition(
         if kind != "mysql":
             with engine.begin() as conn:  # the definition before this version
                 conn.execute(text("DROP INDEX ix_fila_equivalente"))
-                conn.execute(
-                    text(f"CREATE INDEX ix_fila_equivalente ON fila {_OLD_EQUIVALENCE_INDEXES[old]}")
-                )
+                definition = _OLD_EQUIVALENCE_INDEXES[old]
+                conn.execute(text(f"CREATE INDEX ix_fila_equivalente ON fila {definition}"))
         with engine.connect() as conn, reference.connect() as ref:
             before, wanted = _equivalence_index_sql(conn), _equivalence_index_sql(ref)
         unchanged = kind == "mysql" or (kind == "sqlite" and old == "b-tree")
