@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 
-.PHONY: quickstart test lint bench clean
+.PHONY: quickstart test fuzz lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(VENV)/.installed-dev
 	scripts/install-test-deps.sh
 	scripts/start-databases.sh
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the fuzz and flood tests with many more generated inputs than make test runs
+fuzz: $(VENV)/.installed-dev
+	scripts/start-databases.sh
+	SQLA_QUEUE_FUZZ_EXAMPLES=$${SQLA_QUEUE_FUZZ_EXAMPLES:-5000} $(PY) -m pytest -m fuzz $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks alembic_templates setup.py

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, MetaData, create_engine, text
 from sqlalchemy.orm import Session
 
@@ -32,6 +34,27 @@ from tests.app import App, build
 pytest_plugins = ["tests.servers", "tests.spark_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Fuzz tests (marked "fuzz"): a short, fixed-seed run in make test (the same
+# examples every time, so it cannot flake), a long random one under make
+# fuzz (SQLA_QUEUE_FUZZ_EXAMPLES set). Bounded generators that are not
+# hypothesis strategies read fuzz_examples() too.
+_FUZZ_EXAMPLES = os.environ.get("SQLA_QUEUE_FUZZ_EXAMPLES")
+
+
+def fuzz_examples(short: int = 200) -> int:
+    return int(_FUZZ_EXAMPLES) if _FUZZ_EXAMPLES else short
+
+
+hypothesis_settings.register_profile(
+    "sqla_queue",
+    max_examples=fuzz_examples(),
+    derandomize=_FUZZ_EXAMPLES is None,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+hypothesis_settings.load_profile("sqla_queue")
 LOCAL_URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
     "mysql": "mysql+pymysql://root@127.0.0.1:3306/test",
