@@ -269,6 +269,15 @@ def add_queue_schema(table: Table, channel: str, *, equivalence_index: bool = Tr
     if table.schema is not None:
         validate_identifier(table.schema, "schema name")
     table.info["sqla_queue"] = {"channel": channel}
+    # Never give an id twice. SQLite's default rowid is the largest id in
+    # the table plus one, so once the purge deleted the newest rows a new
+    # task would get a purged task's id, and with it its chain_id and
+    # webhook-id, which handlers and receivers deduplicate on. AUTOINCREMENT
+    # keeps the largest id ever given (in sqlite_sequence). Set here, not in
+    # the mixin's __table_args__, which a model's own would replace.
+    # PostgreSQL's sequence and InnoDB's counter (kept across restarts since
+    # MariaDB 10.2.4) never go back. docs/migrations.md: an older SQLite table.
+    table.dialect_kwargs["sqlite_autoincrement"] = True
     c = table.c
     name = table.name
 

@@ -23,7 +23,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.util import CommandError
-from sqlalchemy import MetaData, create_engine, inspect, text
+from sqlalchemy import Column, Index, MetaData, String, create_engine, inspect, text
 from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import QueueMixin
@@ -160,6 +160,7 @@ def test_autogenerate_upgrade_second_autogenerate_is_empty_downgrade(
         migration = _migration(project, "queues")
         upgrade, downgrade = _body(migration, "upgrade"), _body(migration, "downgrade")
         assert "op.create_table('fila_mig'," in upgrade
+        assert "sqlite_autoincrement=True" in upgrade  # ids never given twice
         assert "op.create_queue_index('ix_fila_mig_pendente', 'fila_mig', " in upgrade
         assert "using='brin'" in upgrade
         assert "op.create_queue_notify_trigger('fila_mig', channel='fila_mig')" in upgrade
@@ -179,6 +180,8 @@ def test_autogenerate_upgrade_second_autogenerate_is_empty_downgrade(
         _reference_metadata().create_all(reference_engine)
         reference_engine.dispose()
         assert schema_snapshot(url) == schema_snapshot(reference_url)
+        if kind == "sqlite":
+            assert "AUTOINCREMENT" in _sqlite_schema(url, "fila_mig")["fila_mig"]
         assert _count(url, "SELECT count(*) FROM queue_configuration") == len(PEQ_SETTINGS)
         if kind == "postgresql":
             assert "pg_notify('fila_mig', '')" in (_trigger_source(url, "fila_mig") or "")
@@ -322,6 +325,70 @@ def test_documented_upgrade_of_the_equivalence_index_gives_the_new_definition(
             assert _equivalence_index_sql(conn) == wanted
         engine.dispose()
         reference.dispose()
+
+
+def _sqlite_schema(url: str, table: str) -> dict[str, str]:
+    """name -> CREATE statement of ``table`` and its indexes, as SQLite keeps them."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT name, sql FROM sqlite_master WHERE tbl_name = :t AND sql IS NOT NULL"),
+            {"t": table},
+        ).all()
+    engine.dispose()
+    return {name: sql for name, sql in rows}
+
+
+def test_documented_rebuild_of_an_old_sqlite_table_gives_autoincrement_and_keeps_rows_and_indexes(
+    tmp_path: Path,
+) -> None:
+    """The revision in docs/migrations.md, run on a SQLite queue table made
+    without AUTOINCREMENT, with rows, a purged id and an index of the user's:
+    afterwards no id is given twice, the rows are the same, and every index
+    is as it was (the claim's DESC order included)."""
+    doc = (ROOT / "docs" / "migrations.md").read_text()
+    section = doc.split("## Upgrading: SQLite ids are never given twice", 1)[1]
+    revision = re.search(r"```python\n(def upgrade\(\):\n.*?)```", section, re.DOTALL)
+    assert revision is not None, "docs/migrations.md lost the AUTOINCREMENT revision"
+    url, reference_url = (f"sqlite:///{tmp_path / name}" for name in ("old.db", "new.db"))
+    old = _queue_metadata("fila")
+    old.tables["fila"].dialect_kwargs["sqlite_autoincrement"] = False  # made before
+    old.tables["fila"].append_column(Column("nota", String(20)))  # a column of the user's
+    Index("ix_fila_nota", old.tables["fila"].c.nota.desc())
+    engine = create_engine(url)
+    old.create_all(engine)
+    reference = create_engine(reference_url)
+    _queue_metadata("fila").create_all(reference)
+    reference.dispose()
+    with engine.begin() as conn:
+        for n in range(5):
+            conn.execute(text("INSERT INTO fila (processo, nota) VALUES ('p', :n)"), {"n": str(n)})
+        conn.execute(text("DELETE FROM fila WHERE id = 5"))  # purged
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM fila ORDER BY id")).all()
+    before = _sqlite_schema(url, "fila")
+    assert "AUTOINCREMENT" not in before["fila"]
+    namespace: dict[str, Any] = {}
+    exec(revision.group(1), namespace)  # the documentation's own code
+    with engine.begin() as conn:
+        namespace["op"] = Operations(MigrationContext.configure(conn))
+        namespace["upgrade"]()
+    after = _sqlite_schema(url, "fila")
+    assert "PRIMARY KEY AUTOINCREMENT" in after.pop("fila")
+    before.pop("fila")
+    assert after == before  # every index, the user's too, as it was
+    wanted = _sqlite_schema(reference_url, "fila")
+    wanted.pop("fila")
+    assert {name: after[name] for name in wanted} == wanted  # as create_all() makes them
+    with engine.begin() as conn:
+        assert conn.execute(text("SELECT * FROM fila ORDER BY id")).all() == rows
+        new = conn.execute(text("INSERT INTO fila (processo) VALUES ('p') RETURNING id"))
+        assert new.scalar_one() == 5  # continues after the largest id the table held
+        conn.execute(text("DELETE FROM fila WHERE id = 5"))
+    with engine.begin() as conn:
+        again = conn.execute(text("INSERT INTO fila (processo) VALUES ('p') RETURNING id"))
+        assert again.scalar_one() == 6  # from now on, never an id twice
+    engine.dispose()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, Table, func, select, update
+from sqlalchemy import Connection, Engine, Table, create_engine, delete, func, select, update
 
 from sqla_queue import WorkerBase
 from sqla_queue.leases import Heartbeat
@@ -27,8 +27,9 @@ from sqla_queue.maintenance.timing import Cron, Every, Minutes, parse_schedule
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
-from tests.app import App
+from tests.app import App, build
 from tests.conftest import run_cli, wait_until
+from tests.servers import PrivateMariaDB
 from tests.test_concurrency import insert_tasks, spawned, statuses, worker_env
 from tests.test_worker import drain, effects, enqueue, tasks
 
@@ -361,6 +362,55 @@ def test_purge_hook_that_raises_deletes_nothing_of_its_chunk_and_says_so(
     assert result.error == "OSError: archive disk full"
     assert result.counts["rows"] == 0
     assert _chains(engine, app) == before
+
+
+def _purge_everything(engine: Engine, app: App) -> int:
+    """Finish and age every row, then run the real purge: rows deleted."""
+    with engine.begin() as conn:
+        conn.execute(update(app.Task).values(status="sucesso"))
+    age_rows(engine, app, 70)
+    result = runner(app.RecordingWorker, engine).maintenance.routine("purge").run_once()
+    assert result.error is None
+    return int(result.counts["rows"])
+
+
+def test_a_task_enqueued_after_the_purge_never_gets_a_purged_tasks_id(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The purge deleted the newest rows: a new task must still get a new id
+    (and so a new chain_id), or a handler idempotent on chain_id, or a
+    webhook receiver deduplicating on webhook-id, drops its work."""
+    given = enqueue(engine, app, {"n": 1}, {"n": 2}, {"n": 3})
+    assert _purge_everything(engine, app) == 3
+    assert tasks(engine, app) == []
+    again = enqueue(engine, app, {"n": 4}, {"n": 5})
+    assert min(again) > max(given)
+    given += again
+    with engine.begin() as conn:  # the newest row alone, as the purge deletes it
+        conn.execute(delete(app.Task).where(app.Task.id == max(given)))
+    [last] = enqueue(engine, app, {"n": 6})
+    assert last > max(given)
+
+
+def test_mariadb_gives_no_deleted_id_again_after_a_restart(
+    private_mariadb: PrivateMariaDB, table_name: str, installed: None
+) -> None:
+    """InnoDB keeps its auto-increment counter across a restart (MariaDB
+    10.2.4+): the newest rows deleted, the server restarted, the next id is
+    still above every id given."""
+    app = build(table_name)
+    engine = create_engine(private_mariadb.url)
+    try:
+        app.Base.metadata.create_all(engine)
+        given = enqueue(engine, app, *({"n": n} for n in range(5)))
+        with engine.begin() as conn:
+            conn.execute(delete(app.Task).where(app.Task.id.in_(given[2:])))
+        engine.dispose()
+        private_mariadb.restart()
+        [after] = enqueue(engine, app, {"n": 5})
+        assert after > max(given)
+    finally:
+        engine.dispose()
 
 
 # ------------------------------------------------------------------ ttl
