@@ -6,14 +6,17 @@ the task's limit. Past it, the lane:
 
 1. cancels the statement the handler's connection is running, if any
    (PostgreSQL: the driver's cancel request; MySQL and MariaDB: ``KILL
-   QUERY`` from another connection);
+   QUERY`` from another connection; SQLite: ``sqlite3_interrupt``);
 2. raises :class:`HandlerInterrupted` inside the handler's thread (CPython's
    asynchronous exception): it surfaces at the handler's next Python
    instruction, or when the cancelled statement returns;
 3. waits a short grace period for the handler to stop. If it did, its
    savepoint is rolled back and the attempt fails with
    :class:`TimeLimitExceeded`, in the batch as any failure; the lane goes on
-   with its next task.
+   with its next task. Where the cancelled statement took the whole
+   transaction with it (SQLite rolls back the transaction of an interrupted
+   write), the batch is over: as in step 4, the failure is recorded on a
+   fresh connection and the batch's other tasks go back to ``pendente``.
 4. If it did not (it is blocked in C code: ``time.sleep``, a socket read
    without a timeout, a C extension's loop), the lane abandons the thread
    *and* its database connection: the attempt's failure is recorded on a
@@ -32,6 +35,7 @@ import contextlib
 import ctypes
 import logging
 import queue
+import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -81,8 +85,14 @@ def interrupt_statement(conn: Connection) -> None:
             thread_id = int(dbapi_conn.thread_id())
             with conn.engine.connect() as other:
                 other.execute(text(f"KILL QUERY {thread_id}"))
-        # SQLite: sqlite3_interrupt would roll back the whole batch
-        # transaction; its statements are local, the thread is interrupted
+        elif dialect == "sqlite":
+            # Never leave a SQLite statement running: the batch transaction
+            # holds the database's write lock, and an abandoned connection
+            # cannot even be closed (close waits for the statement), so every
+            # other writer (the failure's record, the rescue, the heartbeat,
+            # the application) would get "database is locked" until it ends.
+            # sqlite3_interrupt is safe from another thread.
+            dbapi_conn.interrupt()
     except Exception as exc:  # the statement ended, or the connection did
         logger.debug("could not cancel the handler's statement: %s", describe_error(exc))
 
@@ -196,6 +206,12 @@ class TimeLimiter:
                 with contextlib.suppress(Exception):
                     conn.invalidate()
                 raise TimeLimitExceeded(message)
+            if _transaction_lost(conn):
+                # nothing of the batch can commit now: hand it to the lost-
+                # connection path (the failure recorded on a fresh connection)
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
+                raise TimeLimitExceeded(message)
             if job.error is None:
                 return job.result  # it finished at the deadline: its work stands
             if isinstance(job.error, HandlerInterrupted) or _cancelled(job.error):
@@ -208,11 +224,27 @@ class TimeLimiter:
         return job.result
 
 
+def _transaction_lost(conn: Connection) -> bool:
+    """Whether the cancelled statement ended ``conn``'s transaction: SQLite
+    rolls back the whole transaction of an interrupted INSERT, UPDATE or
+    DELETE (the savepoints with it), and later statements would each commit
+    on their own. Elsewhere a cancelled statement leaves the transaction to
+    the savepoint's rollback."""
+    if conn.dialect.name != "sqlite":
+        return False
+    try:
+        return not conn.connection.dbapi_connection.in_transaction  # type: ignore[union-attr]
+    except Exception:  # the connection is gone: its transaction too
+        return True
+
+
 def _cancelled(exc: BaseException) -> bool:
     """A driver error saying the statement was cancelled (by us)."""
     orig = getattr(exc, "orig", exc)
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate == "57014":  # query_canceled
+        return True
+    if getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_INTERRUPT:
         return True
     args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
     return bool(args) and args[0] in (1317, 1927)  # query interrupted / connection killed

@@ -116,3 +116,28 @@ RecordingWorker = _app.RecordingWorker
 FailingWorker = _app.FailingWorker
 BlockingWorker = _app.BlockingWorker
 KillerWorker = _app.KillerWorker
+
+#: a SQLite statement that runs for hours: a count to 10**10
+COUNT_FOR_HOURS = (
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000000000) "
+    "SELECT count(*) FROM c"
+)
+
+
+class LongStatementWorker(RecordingWorker):
+    """A handler stuck in one long SQLite statement, under a 1 s time limit:
+    a read, or (``{"write": true}``) an INSERT whose interruption makes
+    SQLite roll back the whole transaction."""
+
+    time_limit_seconds = 1.0
+    max_retry = 1
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="should vanish"))
+        session.flush()
+        if isinstance(payload, dict) and payload.get("write"):
+            columns = f"INSERT INTO {Effect.__tablename__} (task_id, chain_id, note) "
+            session.execute(text(columns + COUNT_FOR_HOURS.replace("count(*)", "0, 0, count(*)")))
+        else:
+            session.execute(text(COUNT_FOR_HOURS))
+        return None

@@ -3,8 +3,10 @@ letter, time limits and item_delay, on PostgreSQL, MariaDB and SQLite."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import random
+import sqlite3
 import time
 from typing import Any
 
@@ -17,7 +19,8 @@ from sqla_queue.retry import ExponentialBackoff
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from tests.app import App
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_until
+from tests.test_concurrency import spawned, stop_gracefully, worker_env
 from tests.test_worker import drain, effects, enqueue, tasks
 
 UTC = dt.timezone.utc
@@ -209,6 +212,52 @@ def test_a_statement_past_the_time_limit_is_cancelled(
     failed = tasks(engine, app)[0]
     assert (failed.id, failed.status) == (task_id, "falha")
     assert failed.message.startswith("TimeLimitExceeded:")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("write", [False, True], ids=["read", "write"])
+def test_a_long_sqlite_statement_past_the_time_limit_is_interrupted_and_its_failure_recorded(
+    engine: Engine, app: App, installed: None, table_name: str, db_url: str, write: bool
+) -> None:
+    """A real worker whose handler is stuck in an hours-long SQLite statement
+    (a read; or a write, whose interruption rolls back SQLite's whole
+    transaction) under a 1 s time limit: the statement is interrupted, the
+    attempt's failure is recorded, and the database file is free for other
+    writers; it once stayed write-locked while the statement ran, the task
+    stuck 'processando'."""
+    [task_id] = enqueue(engine, app, {"write": write})
+    env = worker_env(table_name)
+    with spawned("worker", "tests.app:LongStatementWorker", "--url", db_url, env=env) as [worker]:
+
+        def waited(predicate: Any, what: str) -> None:
+            try:
+                wait_until(predicate, 90, message=what)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the worker said:\n{worker.output}") from None
+
+        def attempt() -> Any:
+            return next(t for t in tasks(engine, app) if t.id == task_id)
+
+        waited(lambda: attempt().status == "falha", "the failure")
+        # another writer, on a connection of its own (Python's sqlite3 waits up to 10 s)
+        database = engine.url.database
+        assert database is not None
+        with contextlib.closing(sqlite3.connect(database, timeout=10)) as other, other:
+            other.execute(
+                f"INSERT INTO {app.Effect.__tablename__} (task_id, chain_id, note) "
+                "VALUES (0, 0, 'another writer')"
+            )
+        waited(
+            lambda: [t.status for t in tasks(engine, app)] == ["falha", "sucesso"],
+            "the dead-letter run",
+        )
+        stop_gracefully([worker])
+    assert attempt().message == (
+        "TimeLimitExceeded: the handler ran past its time limit of 1 s and was abandoned. "
+        "Máximo de tentativas atingido."
+    )
+    notes = sorted(note or "" for _, _, note in effects(engine, app))
+    assert notes == ["another writer", "dead"]  # the handler's own write rolled back
 
 
 # ------------------------------------------------------------------ item_delay
