@@ -7,8 +7,10 @@ the dead task's payload, process, keys, tenant and priority, linked to the
 old chain: ``id_anterior`` (and ``data_hora_anterior``, ``status_anterior``,
 ``mensagem_anterior``) name the dead-letter head, and ``live_id`` the
 original chain, as on the dead-letter rows. Each head is requeued once:
-the heads are locked (``FOR UPDATE``) and a head that already has a
-requeued chain is skipped, so two requeues at once revive a task once.
+the heads are locked (``FOR UPDATE``; on SQLite, which has no row locks,
+the database's write lock is taken first) and a head that already has a
+requeued chain is skipped, so two requeues at once revive a task once, on
+any engine (the application's own too).
 
 Selection: by ids (a head's id or the original task's, ``live_id``), by
 process, by the head's time (``data_hora``: when the task went dead), or
@@ -67,6 +69,8 @@ def requeue_dead(
         raise ConfigurationError("requeue_dead needs ids, a process, a time range, or all_dead")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_REQUEUE:
         raise ConfigurationError(f"limit must be a whole number from 1 to {MAX_REQUEUE}")
+    if not dry_run:
+        adapter.lock_writers(conn)  # SQLite: the heads' FOR UPDATE does nothing
     c = adapter.table.c
     heads = select(adapter.table).where(c.dead == true(), c.id_inicial.is_(None))
     if id_list is not None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import multiprocessing
 import random
 import sqlite3
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text, update
+from sqlalchemy import Engine, create_engine, false, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient
@@ -153,6 +155,93 @@ def test_requeue_command_selects_by_process_and_time(
     bad = run_cli(*worker, env=env, check=False)
     assert bad.returncode == 2 and "select dead tasks with --id" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+RACERS = 4
+RACE_ROUNDS = 12
+
+
+def _dead_heads(engine: Engine, app: App, count: int) -> list[int]:
+    """``count`` dead tasks, as the worker leaves them: a failed first
+    attempt and its finished dead-letter run (the head); the heads' ids."""
+    table = app.Task.__table__
+    heads = []
+    with engine.begin() as conn:
+        for n in range(count):
+            task_id = conn.execute(
+                insert(table).values(
+                    processo="faturar", payload=f'{{"n": {n}}}', status="falha", tentativa=1
+                )
+            ).inserted_primary_key[0]
+            head = conn.execute(
+                insert(table).values(
+                    processo="faturar", status="sucesso", dead=True, live_id=task_id
+                )
+            ).inserted_primary_key[0]
+            heads.append(head)
+    return heads
+
+
+def _requeue_at_the_barrier(
+    url: str, table: str, heads: list[int], barrier: Any, results: Any
+) -> None:
+    """One racing process: for each head, wait at the barrier, then
+    requeue_dead it in a transaction of the application's plain engine."""
+    from sqla_queue.redaction import describe_error
+    from tests.app import build
+
+    engine = create_engine(url)
+    try:
+        model = build(table).Task
+        revived: list[int] = []
+        for head in heads:
+            barrier.wait(timeout=120)
+            with engine.begin() as conn:
+                done = QueueClient(conn, model).requeue_dead([head])
+            revived += [requeued.dead_id for requeued in done]
+        results.put(("revived", revived))
+    except BaseException as exc:
+        barrier.abort()
+        results.put(("error", describe_error(exc)))
+    finally:
+        engine.dispose()
+
+
+def test_requeues_racing_in_several_processes_revive_a_dead_task_once(
+    engine: Engine, app: App, db_url: str, table_name: str
+) -> None:
+    """Several processes call requeue_dead on the same dead task at the same
+    moment, through a plain create_engine() engine (on SQLite: Python's
+    sqlite3 opens no transaction for a SELECT, and FOR UPDATE does nothing),
+    round after round: each dead task is revived exactly once."""
+    heads = _dead_heads(engine, app, RACE_ROUNDS)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(RACERS)
+    results = context.Queue()
+    racers = [
+        context.Process(
+            target=_requeue_at_the_barrier, args=(db_url, table_name, heads, barrier, results)
+        )
+        for _ in range(RACERS)
+    ]
+    for racer in racers:
+        racer.start()
+    try:
+        outcomes = [results.get(timeout=300) for _ in racers]
+    finally:
+        for racer in racers:
+            racer.join(timeout=30)
+            if racer.is_alive():
+                racer.kill()
+    assert [kind for kind, _ in outcomes] == ["revived"] * RACERS, outcomes
+    reported = Counter(head for _, revived in outcomes for head in revived)
+    assert reported == Counter(heads)  # one process each time says it revived the task
+    c = app.Task.__table__.c
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(c.id_anterior).where(c.id_anterior.in_(heads), c.dead == false())
+        ).scalars()
+        assert Counter(rows) == Counter(heads)  # and one new chain each
 
 
 # ------------------------------------------------------------------ time limits

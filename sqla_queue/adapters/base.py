@@ -638,6 +638,11 @@ class Adapter:
         if self.task_locks:
             raise UnsupportedOperationError(f"{self.family}: lock_release_many")
 
+    def lock_writers(self, conn: Connection) -> None:
+        """Make ``conn``'s transaction the table's only writer until it ends,
+        before a check-then-insert that row locks must guard. Where
+        ``FOR UPDATE`` locks rows (here), it guards them: nothing to do."""
+
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         """Try to take maintenance lock ``key`` on ``conn``, without waiting."""
         raise UnsupportedOperationError(f"{self.family}: lock_try")

@@ -14,7 +14,7 @@ import sqlite3
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, event, select, update
+from sqlalchemy import Connection, Engine, bindparam, event, false, select, update
 
 from ..mixins import Status
 from ..records import TaskRecord
@@ -70,6 +70,7 @@ class SQLiteAdapter(Adapter):
             )
             .returning(*c)
         )
+        self._write_lock = update(self.table).where(false()).values(id=c.id)
 
     def is_transient(self, exc: BaseException) -> bool:
         # the busy timeout ran out while another process held the write lock
@@ -95,6 +96,17 @@ class SQLiteAdapter(Adapter):
             # take the write lock up front: a deferred transaction that reads
             # and then writes can fail at once instead of waiting its turn
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def lock_writers(self, conn: Connection) -> None:
+        # SQLite has no row locks (FOR UPDATE is left out), and Python's
+        # sqlite3 begins no transaction before a SELECT: two connections could
+        # both read "not done yet" and both write. A write that matches
+        # nothing takes the database's write lock (and, as the transaction's
+        # first statement, a fresh snapshot) until the transaction ends: the
+        # other connection's first write waits for it, then reads what it
+        # committed. Inside a transaction that read an older snapshot, SQLite
+        # refuses the write ("database is locked") instead.
+        conn.execute(self._write_lock)
 
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
