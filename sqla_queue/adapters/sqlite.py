@@ -101,7 +101,8 @@ class SQLiteAdapter(Adapter):
         # SQLite has no row locks (FOR UPDATE is left out), and Python's
         # sqlite3 begins no transaction before a SELECT: two connections could
         # both read "not done yet" and both write. A write that matches
-        # nothing takes the database's write lock (and, as the transaction's
+        # nothing (its constant false condition is tested once, before any
+        # row is read) takes the database's write lock (and, as the transaction's
         # first statement, a fresh snapshot) until the transaction ends: the
         # other connection's first write waits for it, then reads what it
         # committed. Inside a transaction that read an older snapshot, SQLite
