@@ -576,3 +576,59 @@ def test_the_worker_connections_session_settings_go_back_to_the_servers_at_check
             assert values[1] == server[1]
     finally:
         pooled.dispose()
+
+
+# ------------------------------------------------------------ lanes of one process
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_lane_never_drops_another_lanes_claim_of_the_same_task(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """Two lanes of one process share its worker_id. Lane A hands its task
+    back (a stop); before its batch ends, lane B claims the same row again
+    (SQLite has no per-task lock to keep it out meanwhile). Lane A's batch
+    end must not drop lane B's claim from the set the heartbeat renews."""
+    from sqla_queue.leases import Claims
+
+    first, task_id = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    a_ending, b_claimed = threading.Event(), threading.Event()
+
+    class Orchestrated(Claims):
+        def discard(self, ids: Any) -> None:
+            if threading.current_thread().name == "lane-a":
+                a_ending.set()
+                assert b_claimed.wait(30)
+            super().discard(ids)
+
+    claims = Orchestrated(worker.claims.owner)
+    worker.claims = worker.manager.claims = worker.heartbeat.claims = claims
+    errors: list[BaseException] = []
+
+    def lane_a() -> None:
+        try:
+            with engine.connect() as claim_conn, engine.connect() as work_conn:
+                tasks_a = worker.manager.claim(claim_conn, limit=2)
+                assert [t.id for t in tasks_a] == [first, task_id]
+                # a stop: the first task runs, the second goes back
+                result = worker.manager.run_batch(
+                    claim_conn, work_conn, tasks_a, worker._handle, lambda: True
+                )
+                assert result.handed_back == [task_id]
+        except BaseException as exc:
+            errors.append(exc)
+            a_ending.set()
+
+    thread = threading.Thread(target=lane_a, name="lane-a")
+    thread.start()
+    try:
+        assert a_ending.wait(30)
+        assert not errors, errors
+        assert [t.status for t in tasks(engine, app)] == ["sucesso", "pendente"]
+        with engine.connect() as claim_conn:
+            assert [t.id for t in worker.manager.claim(claim_conn, limit=1)] == [task_id]
+    finally:
+        b_claimed.set()
+        thread.join(30)
+    assert not errors, errors
+    assert claims.snapshot() == [task_id]  # lane B's claim, still renewed
+    assert worker.heartbeat.renew_once() == 1
