@@ -900,6 +900,11 @@ class QueueEnvironment:
 
 
 # ---------------------------------------------------------------- the table
+SCHEMA_WIDE = "*"
+"""``queue_name`` of a configuration row that applies to every queue reading
+the table (written only when asked for: docs/configuration.md)."""
+
+
 @dataclass(frozen=True)
 class TableRow:
     """One row of ``queue_configuration`` (PEQ's columns)."""
@@ -909,6 +914,15 @@ class TableRow:
     unit: str | None = None
     casted_as: str | None = None
     note: str | None = None
+    #: the row's ``queue_name``: a queue table's name, SCHEMA_WIDE, or None
+    #: (a table without the column: every row applies to every queue)
+    scope: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Where a value from this row comes from, as ``config show`` says it."""
+        where = "" if self.scope is None else f"[{self.scope}]"
+        return f"queue_configuration{where}.{self.setting_name}"
 
 
 def _table_value(entry: Setting, row: TableRow) -> Any:
@@ -1032,7 +1046,7 @@ def _resolve_one(
     for name in entry.table:
         row = rows.get(name)
         if row is not None:
-            return Resolved(_table_value(entry, row), f"queue_configuration.{name}")
+            return Resolved(_table_value(entry, row), row.label)
     if entry.settings_field is not None:
         value = getattr(settings, entry.settings_field)
         changed = value != entry.default

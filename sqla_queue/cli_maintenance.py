@@ -17,7 +17,7 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError
 
-from .catalog import resolve, show
+from .catalog import SCHEMA_WIDE, resolve, show
 from .exceptions import SqlaQueueError
 from .maintenance import ROUTINES
 from .redaction import describe_error
@@ -138,6 +138,19 @@ def requeue(
     click.echo(f"{verb} {len(done)} dead task(s)")
 
 
+def _rows_applied(rows: Any) -> str:
+    """How many configuration rows apply to the worker's queue, and why."""
+    if rows is None:
+        return "none"
+    scopes = [row.scope for row in rows.values()]
+    if all(scope is None for scope in scopes):
+        return f"{len(rows)} row(s), schema-wide (the table has no queue_name column)"
+    wide = sum(1 for scope in scopes if scope == SCHEMA_WIDE)
+    return (
+        f"{len(rows)} row(s) applied: {len(rows) - wide} for this queue, {wide} for every queue (*)"
+    )
+
+
 @click.group()
 def config() -> None:
     """The settings a worker runs with."""
@@ -162,8 +175,7 @@ def config_show(worker: str, url: str | None) -> None:
             with _runner(worker, url) as runner:
                 effective = runner.effective
                 rows = runner.configuration_rows
-                table = "none" if rows is None else f"{len(rows)} row(s)"
-                click.echo(f"queue_configuration: {table}")
+                click.echo(f"queue_configuration: {_rows_applied(rows)}")
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{'setting':<34} {'value':<30} source")

@@ -14,9 +14,18 @@ rows a new table starts with (``__configuration_rows__``, PEQ's documented
 defaults unless the model says otherwise) are written once, never updated
 afterwards: the values belong to the operators.
 
+Which queue a row applies to: its ``queue_name`` (sqla-queue's column,
+beside PEQ's), the name of a queue table, or ``*`` for every queue that
+reads the table. ``sqla-queue ddl --config-table`` writes rows naming the
+queue it makes; a model's ``__configuration_queue__`` names the queue of
+the rows it starts with (``*`` when unset). A table without the column
+(PEQ's own, or one made before it) is schema-wide: each row applies to
+every queue reading it, and ``config show`` says so.
+
 Reading it: workers read the table named ``queue_configuration`` in the
 queue table's schema, or the name the model gives as
-``__queue_configuration__`` (when several queues share a schema), at start.
+``__queue_configuration__``, at start: the rows naming their queue table,
+over the ``*`` rows.
 A row's ``unit`` converts its value (``2`` ``hours`` for a setting in
 seconds is 7200); ``casted_as`` and ``note`` are for people. The settings it
 may hold, and their precedence, are in ``catalog.py``.
@@ -32,7 +41,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import Column, Connection, MetaData, String, Table, Text, event, inspect, select
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
-from .catalog import TableRow
+from .catalog import SCHEMA_WIDE, TableRow
 from .identifiers import split_table_name, validate_identifier
 from .types import UtcDateTime, utc_now
 
@@ -48,19 +57,26 @@ __all__ = [
     "read_rows",
 ]
 
+#: ``queue_name``'s length: a table name (PostgreSQL's limit; MySQL's is 64)
+QUEUE_NAME_LENGTH = 63
 CONFIGURATION_TABLE_NAME = "queue_configuration"
 """PEQ's name for the table (one per schema, as PEQ has one schema per queue)."""
 CONFIGURATION_TABLE = CONFIGURATION_TABLE_NAME
 
 
-class SettingRow(TypedDict):
-    """One row of the configuration table, as written when the table is new."""
-
+class _SettingColumns(TypedDict):
     setting_name: str
     value: str
     unit: str
     casted_as: str
     note: str
+
+
+class SettingRow(_SettingColumns, total=False):
+    """One row of the configuration table, as written when the table is new
+    (``queue_name``: the queue it applies to; ``*`` when absent)."""
+
+    queue_name: str
 
 
 def _setting(name: str, value: str, unit: str, casted_as: str, note: str) -> SettingRow:
@@ -161,10 +177,19 @@ class ConfigurationMixin:
 
     #: the rows a new table starts with (ddl and alembic write them once)
     __configuration_rows__: ClassVar[Sequence[SettingRow]] = PEQ_SETTINGS
+    #: the queue table those rows apply to (``*``: every queue reading the table)
+    __configuration_queue__: ClassVar[str] = SCHEMA_WIDE
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 
     setting_name: Mapped[str] = mapped_column("setting_name", String(100), primary_key=True)
+    queue_name: Mapped[str] = mapped_column(
+        "queue_name",
+        String(QUEUE_NAME_LENGTH),
+        primary_key=True,
+        server_default=SCHEMA_WIDE,
+        default=SCHEMA_WIDE,
+    )
     value: Mapped[str | None] = mapped_column("value", String(500))
     unit: Mapped[str | None] = mapped_column("unit", String(20))
     casted_as: Mapped[str] = mapped_column(
@@ -192,9 +217,15 @@ def _mark_configuration_table(mapper: Mapper[Any], cls: type[ConfigurationMixin]
     validate_identifier(table.name, "table name")
     if table.schema is not None:
         validate_identifier(table.schema, "schema name")
+    queue = cls.__configuration_queue__
+    if queue != SCHEMA_WIDE:
+        validate_identifier(queue, "__configuration_queue__")
     # kept beside the table, not in Table.info: autogenerate writes a table's
     # info into its create_table(), and the rows are written once already
-    _ROWS[table] = tuple(cls.__configuration_rows__)
+    _ROWS[table] = tuple(
+        SettingRow(**{**row, "queue_name": row.get("queue_name", queue)})  # type: ignore[typeddict-item]
+        for row in cls.__configuration_rows__
+    )
 
 
 def configuration_rows(table: Table) -> tuple[SettingRow, ...] | None:
@@ -214,6 +245,9 @@ def configuration_table(
         name,
         metadata,
         Column("setting_name", String(100), primary_key=True),
+        Column(
+            "queue_name", String(QUEUE_NAME_LENGTH), primary_key=True, server_default=SCHEMA_WIDE
+        ),
         Column("value", String(500)),
         Column("unit", String(20)),
         Column("casted_as", String(20), server_default="INTEGER"),
@@ -236,13 +270,28 @@ def configuration_table_of(model: Any) -> Table:
     return configuration_table(MetaData(), name, schema=schema)
 
 
-def read_rows(conn: Connection, table: Table) -> dict[str, TableRow] | None:
-    """The table's rows by setting name; None when the table does not exist."""
-    if not inspect(conn).has_table(table.name, schema=table.schema):
+def read_rows(
+    conn: Connection, table: Table, queue: str | None = None
+) -> dict[str, TableRow] | None:
+    """The rows that apply to queue table ``queue``, by setting name: those
+    naming it over the schema-wide (``*``) ones; every row of a table without
+    ``queue_name``. None when the table does not exist."""
+    inspector = inspect(conn)
+    if not inspector.has_table(table.name, schema=table.schema):
         return None
+    columns = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
     c = table.c
-    rows = conn.execute(select(c.setting_name, c.value, c.unit, c.casted_as, c.note))
+    fields = (c.setting_name, c.value, c.unit, c.casted_as, c.note)
+    if "queue_name" not in columns:
+        return {
+            str(name): TableRow(str(name), value, unit, casted_as, note)
+            for name, value, unit, casted_as, note in conn.execute(select(*fields))
+        }
+    scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
+    query = select(*fields, c.queue_name).where(c.queue_name.in_(scopes))
+    # the queue's own rows last: they win over the schema-wide ones
+    rows = sorted(conn.execute(query), key=lambda row: row.queue_name != SCHEMA_WIDE)
     return {
-        str(name): TableRow(str(name), value, unit, casted_as, note)
-        for name, value, unit, casted_as, note in rows
+        str(name): TableRow(str(name), value, unit, casted_as, note, scope)
+        for name, value, unit, casted_as, note, scope in rows
     }

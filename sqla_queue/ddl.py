@@ -66,15 +66,25 @@ def queue_tables(
     if metadata is not None:
         Base.metadata = metadata
 
-    def model(mixin: type, name: str, class_name: str) -> Table:
+    def model(mixin: type, name: str, class_name: str, **extra: Any) -> Table:
         attributes: dict[str, Any] = {"__tablename__": name, "__table_args__": {"schema": schema}}
+        attributes.update(extra)
         return type(class_name, (mixin, Base), attributes).__table__  # type: ignore[attr-defined, no-any-return]
 
     tables = [model(QueueMixin, queue, "Task")]
     if subscribers:
         tables.append(model(SubscriberMixin, queue + SUBSCRIBER_SUFFIX, "Subscriber"))
     if config_table:
-        tables.append(model(ConfigurationMixin, CONFIGURATION_TABLE_NAME, "QueueConfiguration"))
+        # its rows name this queue: another queue of the schema reading the
+        # table is not re-tuned by them
+        tables.append(
+            model(
+                ConfigurationMixin,
+                CONFIGURATION_TABLE_NAME,
+                "QueueConfiguration",
+                __configuration_queue__=queue,
+            )
+        )
     return tables
 
 

@@ -74,18 +74,33 @@ class LeasePolicy:
 
 
 class Claims:
-    """The ids of the tasks this worker process holds, shared by its lanes."""
+    """The ids of the tasks this worker process holds, shared by its lanes.
+
+    ``worker_id`` is one per process, so the database's guards cannot tell
+    two lanes apart, and need not: a row goes back to ``pendente`` only by
+    the hand-back of the lane that held it, which neither completes nor
+    renews it afterwards, and every other path to a new attempt (the rescue,
+    a retry) is a new row. What could tell them apart is this set: a lane
+    whose batch ends after it handed a task back, when another lane of the
+    process has claimed the same task again meanwhile (possible where there
+    are no per-task locks: SQLite, client-server mode, PgBouncer), must not
+    drop the other lane's claim, or the heartbeat would stop renewing it.
+    So each id remembers the lane (thread) that added it, and a lane
+    discards only its own."""
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
-        self._ids: set[int] = set()
+        #: task id -> the lane (thread ident) that holds it
+        self._ids: dict[int, int] = {}
         #: tasks whose lease is not the worker's (WorkerBase.lease_seconds_for)
         self._leases: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def add(self, ids: Iterable[int]) -> None:
+        lane = threading.get_ident()
         with self._lock:
-            self._ids.update(ids)
+            for task_id in ids:
+                self._ids[task_id] = lane
 
     def set_lease(self, ids: Iterable[int], seconds: float) -> None:
         with self._lock:
@@ -94,10 +109,12 @@ class Claims:
                     self._leases[task_id] = seconds
 
     def discard(self, ids: Iterable[int]) -> None:
+        """Forget this lane's claims of ``ids`` (another lane's stay)."""
+        lane = threading.get_ident()
         with self._lock:
-            self._ids.difference_update(ids)
-            if self._leases:
-                for task_id in ids:
+            for task_id in ids:
+                if self._ids.get(task_id) == lane:
+                    del self._ids[task_id]
                     self._leases.pop(task_id, None)
 
     def snapshot(self) -> list[int]:

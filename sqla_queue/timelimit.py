@@ -10,6 +10,9 @@ the task's limit. Past it, the lane:
 2. raises :class:`HandlerInterrupted` inside the handler's thread (CPython's
    asynchronous exception): it surfaces at the handler's next Python
    instruction, or when the cancelled statement returns;
+   The statements of the attempt's other connections (its tenant
+   session's: docs/tenants.md) are cancelled the same way, and a tenant
+   COMMIT can no longer start (see :class:`Attempt`);
 3. waits a short grace period for the handler to stop. If it did, its
    savepoint is rolled back and the attempt fails with
    :class:`TimeLimitExceeded`, in the batch as any failure; the lane goes on
@@ -37,7 +40,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -47,7 +50,14 @@ from .exceptions import SqlaQueueError
 from .records import TaskRecord
 from .redaction import describe_error
 
-__all__ = ["GRACE_SECONDS", "HandlerInterrupted", "TimeLimitExceeded", "TimeLimiter"]
+__all__ = [
+    "GRACE_SECONDS",
+    "Attempt",
+    "HandlerInterrupted",
+    "TimeLimitExceeded",
+    "TimeLimiter",
+    "current_attempt",
+]
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -97,12 +107,63 @@ def interrupt_statement(conn: Connection) -> None:
         logger.debug("could not cancel the handler's statement: %s", describe_error(exc))
 
 
+class Attempt:
+    """One handler call under a time limit, as its other connections see it.
+
+    A tenant session (``WorkerBase.tenant_session``) registers its
+    connections here, so that the limit cancels their statements too, and
+    commits through :meth:`committing`: once the limit has passed, no such
+    COMMIT starts, and the lane does not record the attempt's failure while
+    one is running. So a tenant transaction never commits after its
+    attempt was recorded as failed (and the next attempt may have run)."""
+
+    def __init__(self) -> None:
+        self._gate = threading.Lock()
+        self.expired = False
+        #: a COMMIT through committing() went through
+        self.committed = False
+        self.connections: list[Connection] = []
+
+    def watch(self, conn: Connection) -> None:
+        """Cancel ``conn``'s statement, too, when the limit passes."""
+        self.connections.append(conn)
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """Hold the block (the COMMIT) against the limit: raises
+        :class:`HandlerInterrupted` instead once the limit has passed."""
+        with self._gate:
+            if self.expired:
+                raise HandlerInterrupted()
+            yield
+            self.committed = True
+
+    def expire(self, wait: float) -> bool:
+        """Let no COMMIT start from now on. A COMMIT already running is
+        waited for, ``wait`` seconds at most; whether none is running now."""
+        if not self._gate.acquire(timeout=wait):
+            return False
+        self.expired = True
+        self._gate.release()
+        return True
+
+
+_current = threading.local()
+
+
+def current_attempt() -> Attempt | None:
+    """The :class:`Attempt` of the handler this thread runs under a time
+    limit (None: no limit)."""
+    return getattr(_current, "attempt", None)
+
+
 class _Job:
-    __slots__ = ("args", "done", "error", "function", "result")
+    __slots__ = ("args", "attempt", "done", "error", "function", "result")
 
     def __init__(self, function: Handler, args: tuple[TaskRecord, Session]) -> None:
         self.function = function
         self.args = args
+        self.attempt = Attempt()
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -122,11 +183,13 @@ class _HandlerThread:
                 job = self._jobs.get()
                 if job is None:
                     return
+                _current.attempt = job.attempt
                 try:
                     job.result = job.function(*job.args)
                 except BaseException as exc:
                     job.error = exc
                 finally:
+                    _current.attempt = None
                     job.done.set()
             except HandlerInterrupted:  # landed between jobs: nothing to stop
                 continue
@@ -186,7 +249,27 @@ class TimeLimiter:
         if not job.done.wait(limit):
             ident = helper.thread.ident
             assert ident is not None
+            attempt = job.attempt
+            # no tenant COMMIT may start now; one that is running is waited
+            # for (cancelled if it takes longer): it decides the attempt
+            idle = attempt.expire(self.grace_seconds)
+            if not idle:
+                for other in list(attempt.connections):
+                    interrupt_statement(other)
+                idle = attempt.expire(self.grace_seconds)
+            if attempt.committed and job.done.wait(self.grace_seconds):
+                _raise_in(ident, None)
+                return self._outcome(job)  # its tenant work committed: it stands
+            if not idle:
+                logger.error(
+                    "task %s: a COMMIT of the handler's tenant session was still running "
+                    "%g s after the time limit; its outcome is unknown",
+                    task.id,
+                    2 * self.grace_seconds,
+                )
             interrupt_statement(conn)
+            for other in list(attempt.connections):
+                interrupt_statement(other)
             _raise_in(ident, HandlerInterrupted)
             stopped = job.done.wait(self.grace_seconds)
             if stopped:
@@ -203,8 +286,9 @@ class TimeLimiter:
                     task.id,
                     self.grace_seconds,
                 )
-                with contextlib.suppress(Exception):
-                    conn.invalidate()
+                for abandoned in (conn, *attempt.connections):
+                    with contextlib.suppress(Exception):
+                        abandoned.invalidate()
                 raise TimeLimitExceeded(message)
             if _transaction_lost(conn):
                 # nothing of the batch can commit now: hand it to the lost-
@@ -216,6 +300,10 @@ class TimeLimiter:
                 return job.result  # it finished at the deadline: its work stands
             if isinstance(job.error, HandlerInterrupted) or _cancelled(job.error):
                 raise TimeLimitExceeded(message) from None
+        return self._outcome(job)
+
+    @staticmethod
+    def _outcome(job: _Job) -> Any:
         if job.error is not None:
             if isinstance(job.error, HandlerInterrupted):
                 # a limit that fired for an earlier call of this thread

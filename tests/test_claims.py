@@ -460,3 +460,175 @@ def test_a_crash_after_an_unflushed_claim_loses_no_completion_and_runs_nothing_t
     assert sorted(t.initial_id or t.id for t in finished) == [done_id, claimed_id]
     assert sorted(chain for _, chain, _ in effects(engine, app)) == [done_id, claimed_id]
     engine.dispose()
+
+
+# ------------------------------------------------------------ idle timeouts
+def _idle_timeout_engine(engine: Engine) -> Engine:
+    """The same database, every session ended by the server after about a
+    second without a statement (PostgreSQL's idle_session_timeout, MariaDB's
+    wait_timeout), as a strict server or a proxy configuration would."""
+    if engine.dialect.name == "postgresql":
+        args = {"options": "-c idle_session_timeout=500"}
+    else:
+        args = {"init_command": "SET SESSION wait_timeout = 1"}
+    return create_engine(engine.url, connect_args=args)
+
+
+def _session_idle_for(engine: Engine, backend: int) -> float | None:
+    """Seconds the server session ``backend`` has been idle; None once it is gone."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            query = (
+                "SELECT EXTRACT(EPOCH FROM clock_timestamp() - state_change) "
+                "FROM pg_stat_activity WHERE pid = :id"
+            )
+        else:
+            query = "SELECT time FROM information_schema.PROCESSLIST WHERE id = :id"
+        value = conn.execute(text(query), {"id": backend}).scalar()
+    return None if value is None else float(value)
+
+
+@servers
+def test_an_idle_timeout_shorter_than_a_handler_does_not_get_a_healthy_task_rescued(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The lane's claim connection is idle while the handler runs. A server
+    that ends idle sessions must not end it: its per-task lock would go
+    with it, the rescue would read the free lock as a dead worker while the
+    heartbeat keeps the lease alive, and the task would be run again (and
+    reach the dead letter) though its worker is healthy."""
+    [task_id] = enqueue(engine, app, {"n": 1})
+    strict = _idle_timeout_engine(engine)
+    worker, rescuer = runner(app.RecordingWorker, strict), runner(app.RecordingWorker, engine)
+    started, go = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    def handler(task: Any, session: Session) -> Any:
+        # a long handler that talks to its database now and then (MariaDB's
+        # wait_timeout also ends a session idle inside a transaction)
+        started.set()
+        while not go.wait(0.2):
+            session.execute(text("SELECT 1"))
+        return worker._handle(task, session)
+
+    def lane() -> None:
+        try:
+            with (
+                worker.adapter.connect_claim(strict) as claim_conn,
+                strict.connect() as work_conn,
+            ):
+                [task] = worker.manager.claim(claim_conn, limit=1)
+                outcome.append(backend_id(claim_conn))
+                outcome.append(worker.manager.run_batch(claim_conn, work_conn, [task], handler))
+        except BaseException as exc:
+            outcome.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=lane)
+    thread.start()
+    try:
+        assert started.wait(60)
+        backend = outcome[0]
+        assert isinstance(backend, int), outcome
+        # the claim connection stays idle well past the server's limit (it
+        # is gone, or idle for three times the limit)
+        wait_until(
+            lambda: (idle := _session_idle_for(engine, backend)) is None or idle >= 3,
+            timeout=60,
+            message="the claim connection to be idle past the server's timeout",
+        )
+        assert _session_idle_for(engine, backend) is not None, "the server ended it"
+        assert rescue(rescuer) == 0
+    finally:
+        go.set()
+        thread.join(60)
+        strict.dispose()
+    assert outcome[1].succeeded == 1, outcome
+    assert [(t.id, t.status, t.attempt) for t in tasks(engine, app)] == [(task_id, "sucesso", 1)]
+    assert len(effects(engine, app)) == 1
+
+
+@servers
+def test_the_worker_connections_session_settings_go_back_to_the_servers_at_check_in(
+    engine: Engine, app: App
+) -> None:
+    """The claim connection's own settings (no idle end, no sequential scans
+    on PostgreSQL) never reach a handler's or the application's session,
+    which may take the same pooled connection next."""
+    pooled = create_engine(engine.url, pool_size=1, max_overflow=0)
+    worker = runner(app.RecordingWorker, engine)  # its adapter, on the small pool below
+    if engine.dialect.name == "postgresql":
+        query = "SELECT current_setting('idle_session_timeout'), current_setting('enable_seqscan')"
+        own, server = ("0", "off"), ("0", "on")
+    else:
+        query = "SELECT @@SESSION.wait_timeout = @@GLOBAL.wait_timeout, @@SESSION.wait_timeout"
+        own, server = (0, 31_536_000), (1, None)
+    try:
+        with worker.adapter.connect_claim(pooled) as claim_conn:
+            backend = backend_id(claim_conn)
+            assert tuple(claim_conn.execute(text(query)).one()) == own
+            claim_conn.rollback()
+        with pooled.connect() as conn:
+            assert backend_id(conn) == backend  # the same server session, back from the pool
+            values = tuple(conn.execute(text(query)).one())
+        assert values[0] == server[0]
+        if engine.dialect.name == "postgresql":
+            assert values[1] == server[1]
+    finally:
+        pooled.dispose()
+
+
+# ------------------------------------------------------------ lanes of one process
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_lane_never_drops_another_lanes_claim_of_the_same_task(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """Two lanes of one process share its worker_id. Lane A hands its task
+    back (a stop); before its batch ends, lane B claims the same row again
+    (SQLite has no per-task lock to keep it out meanwhile). Lane A's batch
+    end must not drop lane B's claim from the set the heartbeat renews."""
+    from sqla_queue.leases import Claims
+
+    first, task_id = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    a_ending, b_claimed = threading.Event(), threading.Event()
+
+    class Orchestrated(Claims):
+        def discard(self, ids: Any) -> None:
+            if threading.current_thread().name == "lane-a":
+                a_ending.set()
+                assert b_claimed.wait(30)
+            super().discard(ids)
+
+    claims = Orchestrated(worker.claims.owner)
+    worker.claims = worker.manager.claims = worker.heartbeat.claims = claims
+    errors: list[BaseException] = []
+
+    def lane_a() -> None:
+        try:
+            with engine.connect() as claim_conn, engine.connect() as work_conn:
+                tasks_a = worker.manager.claim(claim_conn, limit=2)
+                assert [t.id for t in tasks_a] == [first, task_id]
+                # a stop: the first task runs, the second goes back
+                result = worker.manager.run_batch(
+                    claim_conn, work_conn, tasks_a, worker._handle, lambda: True
+                )
+                assert result.handed_back == [task_id]
+        except BaseException as exc:
+            errors.append(exc)
+            a_ending.set()
+
+    thread = threading.Thread(target=lane_a, name="lane-a")
+    thread.start()
+    try:
+        assert a_ending.wait(30)
+        assert not errors, errors
+        assert [t.status for t in tasks(engine, app)] == ["sucesso", "pendente"]
+        with engine.connect() as claim_conn:
+            assert [t.id for t in worker.manager.claim(claim_conn, limit=1)] == [task_id]
+    finally:
+        b_claimed.set()
+        thread.join(30)
+    assert not errors, errors
+    assert claims.snapshot() == [task_id]  # lane B's claim, still renewed
+    assert worker.heartbeat.renew_once() == 1

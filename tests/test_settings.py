@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, insert
+from sqlalchemy import Column, Engine, MetaData, String, Table, Text, create_engine, insert
+from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import ConfigurationError, WorkerBase
 from sqla_queue.catalog import CATALOGUE, render_reference, resolve, splice_reference
 from sqla_queue.configuration_table import configuration_table
-from sqla_queue.settings import Settings
+from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.worker import Runner
 from tests import bad_workers
 from tests.app import App
@@ -210,9 +211,9 @@ def test_precedence_argument_environment_table_default(
         for key in ("lease_seconds", "max_retry", "item_ttl", "backoff_base", "backoff_factor")
     }
     assert got == {
-        "lease_seconds": (120, "queue_configuration.lease_duration"),
+        "lease_seconds": (120, "queue_configuration[*].lease_duration"),
         "max_retry": (4, "QUEUE_MAX_RETRY"),
-        "item_ttl": (4320, "queue_configuration.item_ttl"),
+        "item_ttl": (4320, "queue_configuration[*].item_ttl"),
         "backoff_base": (20, "SQLA_QUEUE_BACKOFF_BASE"),
         "backoff_factor": (3, "Tuned.backoff_factor"),
     }
@@ -276,7 +277,9 @@ def test_config_show_prints_values_and_their_sources(
     env = {"SQLA_QUEUE_TEST_TABLE": table_name, "QUEUE_PURGE_LIMIT": "250", "DB_PASS": "hunter2"}
     out = run_cli("config", "show", "tests.app:FailingWorker", "--url", db_url, env=env).stdout
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
-    assert out.splitlines()[0] == "queue_configuration: 1 row(s)"
+    assert out.splitlines()[0] == (
+        "queue_configuration: 1 row(s) applied: 0 for this queue, 1 for every queue (*)"
+    )
     assert lines["purge_limit"] == ["250", "QUEUE_PURGE_LIMIT"]
     assert lines["max_retry"] == ["3", "FailingWorker.max_retry"]
     assert lines["item_ttl"] == ["0", "default"]
@@ -354,3 +357,105 @@ def test_every_seed_variable_is_in_the_catalogue() -> None:
     if seed.exists():  # the seed's variables table, checked against the list above
         for name in expected:
             assert name in seed.read_text(encoding="utf-8"), name
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
+    kind: str, tmp_path: Path
+) -> None:
+    """``sqla-queue ddl --config-table`` for queue fila_a makes the schema's
+    queue_configuration with PEQ's rows. They name fila_a: fila_b's worker,
+    in the same schema, keeps its own settings, and takes a row only when it
+    names fila_b or every queue (``*``). A table without queue_name (PEQ's,
+    or an older one) is schema-wide, and the source says so."""
+    from sqla_queue import QueueMixin, WorkerBase
+    from sqla_queue.configuration_table import CONFIGURATION_TABLE_NAME, configuration_rows
+    from sqla_queue.ddl import queue_ddl, queue_tables
+    from tests.migration_helpers import private_database
+
+    assert "'fila_a'" in queue_ddl("main", "fila_a", dialect="sqlite", config_table=True)
+
+    class Base(DeclarativeBase):
+        pass
+
+    class TaskA(QueueMixin, Base):
+        __tablename__ = "fila_a"
+
+    class TaskB(QueueMixin, Base):
+        __tablename__ = "fila_b"
+
+    class WorkerA(WorkerBase):
+        model = TaskA
+
+        def execute(self, payload: Any, task: Any, session: Any) -> None:
+            return None
+
+    class WorkerB(WorkerA):
+        model = TaskB
+
+    with private_database(kind, tmp_path) as url:
+        engine = create_engine(normalize_url(url))
+        try:
+            Base.metadata.create_all(engine)
+            metadata = MetaData()
+            [_, config] = queue_tables(None, "fila_a", config_table=True, metadata=metadata)
+            config.create(engine)
+            with engine.begin() as conn:
+                conn.execute(insert(config), list(configuration_rows(config) or ()))
+            a = Runner(WorkerA(), engine=engine, settings=Settings()).effective
+            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            assert (a["max_retry"], a.source("max_retry")) == (
+                7,
+                "queue_configuration[fila_a].max_retries",
+            )
+            assert (b["max_retry"], b.source("max_retry")) == (Settings().max_retry, "default")
+            # a row for every queue reaches both; a row naming fila_b wins for it
+            with engine.begin() as conn:
+                conn.execute(
+                    insert(config),
+                    [
+                        {
+                            "setting_name": "item_ttl",
+                            "queue_name": "*",
+                            "value": "2",
+                            "unit": "days",
+                        },
+                        {
+                            "setting_name": "max_retries",
+                            "queue_name": "fila_b",
+                            "value": "9",
+                            "unit": "count",
+                        },
+                    ],
+                )
+            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            assert (b["item_ttl"], b.source("item_ttl")) == (
+                2880,
+                "queue_configuration[*].item_ttl",
+            )
+            assert (b["max_retry"], b.source("max_retry")) == (
+                9,
+                "queue_configuration[fila_b].max_retries",
+            )
+            # an older table, without queue_name: every row for every queue
+            config.drop(engine)
+            legacy = Table(
+                CONFIGURATION_TABLE_NAME,
+                MetaData(),
+                Column("setting_name", String(100), primary_key=True),
+                Column("value", String(500)),
+                Column("unit", String(20)),
+                Column("casted_as", String(20)),
+                Column("note", Text),
+            )
+            legacy.create(engine)
+            with engine.begin() as conn:
+                conn.execute(insert(legacy), [{"setting_name": "max_retries", "value": "7"}])
+            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            assert (b["max_retry"], b.source("max_retry")) == (
+                7,
+                "queue_configuration.max_retries",
+            )
+        finally:
+            Base.metadata.drop_all(engine)
+            engine.dispose()

@@ -54,7 +54,7 @@ from sqla_queue.tenants import (
 )
 from sqla_queue.worker import Runner
 from tests.app import App
-from tests.conftest import run_cli, server_url
+from tests.conftest import run_cli, server_url, wait_until
 from tests.pubsub_app import build as build_pubsub
 from tests.test_worker import drain, enqueue, tasks
 
@@ -778,3 +778,122 @@ def test_pubsub_copies_write_to_their_tenants_database(pg_tenants: Tenants) -> N
         assert ledger(pg_tenants.urls[48]) == [(books[48].id, 48, "book:1")]
     finally:
         papp.Base.metadata.drop_all(pg_tenants.queue)
+
+
+# ------------------------------------------------------------ time limits
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_tenants(request: pytest.FixtureRequest, tmp_path: Path, app: App) -> Iterator[Tenants]:
+    yield from _make_tenants(request.param, tmp_path, app)
+
+
+def _running_sleeps(url: str) -> int:
+    """Statements of other sessions sleeping in the tenant's database."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                query = (
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state = 'active' AND query LIKE 'SELECT pg_sleep%%' "
+                    "AND pid <> pg_backend_pid()"
+                )
+            else:
+                query = (
+                    "SELECT count(*) FROM information_schema.PROCESSLIST "
+                    "WHERE db = DATABASE() AND info LIKE 'SELECT SLEEP%%'"
+                )
+            return int(conn.execute(text(query)).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_a_time_limit_cancels_the_tenant_databases_statement(
+    server_tenants: Tenants, app: App
+) -> None:
+    tenants = server_tenants
+    [task_id] = enqueue(tenants.queue, app, {"n": 1}, tenant=47)
+    sleep = "SELECT pg_sleep(60)" if tenants.kind == "postgresql" else "SELECT SLEEP(60)"
+
+    class Worker(worker_for(app, UrlTemplateResolver(tenants.template))):  # type: ignore[misc]
+        time_limit_seconds = 1
+        max_retry = 1
+
+        def execute(  # type: ignore[override]
+            self, payload: Any, task: Any, session: Session, tenant_session: Session
+        ) -> str | None:
+            tenant_session.execute(text(sleep))
+            return None
+
+    drain(Worker, tenants.queue)
+    first = next(t for t in tasks(tenants.queue, app) if t.id == task_id)
+    assert first.status == "falha" and "time limit" in first.message
+    # the tenant's statement was cancelled with the attempt, not left to run
+    # its 60 s after the failure was recorded
+    wait_until(
+        lambda: _running_sleeps(tenants.urls[47]) == 0,
+        timeout=20,
+        message="the tenant's sleeping statement to be cancelled",
+    )
+
+
+def test_an_abandoned_attempts_tenant_commit_never_lands_after_its_failure(
+    pg_tenants: Tenants, app: App
+) -> None:
+    """Attempt 1's tenant COMMIT is slow (a deferred trigger) and runs past
+    the time limit. Whatever the timing, each tenant write must belong to the
+    attempt the queue records as done: never the write of an attempt the
+    queue recorded as failed (its COMMIT landing after attempt 2 ran)."""
+    tenants = pg_tenants
+    tenant = create_engine(tenants.urls[47])
+    with tenant.begin() as conn:
+        conn.execute(text("CREATE TABLE attempt_log (chain_id bigint, attempt int)"))
+        conn.execute(
+            text(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN IF NEW.attempt = 1 THEN PERFORM pg_sleep(3); END IF; RETURN NULL; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON attempt_log "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        )
+    [task_id] = enqueue(tenants.queue, app, {"n": 1}, tenant=47)
+
+    class Worker(worker_for(app, UrlTemplateResolver(tenants.template))):  # type: ignore[misc]
+        time_limit_seconds = 1
+        max_retry = 3
+
+        def execute(  # type: ignore[override]
+            self, payload: Any, task: Any, session: Session, tenant_session: Session
+        ) -> str | None:
+            tenant_session.execute(
+                text("INSERT INTO attempt_log VALUES (:c, :a)"),
+                {"c": task.chain_id, "a": task.attempt},
+            )
+            return None
+
+    try:
+        drain(Worker, tenants.queue)
+        # an abandoned COMMIT lands when the server finishes it: wait for the
+        # tenant database to have no statement of ours left
+        wait_until(lambda: _running_commits(tenant) == 0, timeout=30, message="the tenant's COMMIT")
+        with tenant.connect() as conn:
+            logged = conn.execute(text("SELECT attempt FROM attempt_log ORDER BY 1")).scalars()
+            logged = list(logged)
+    finally:
+        tenant.dispose()
+    chain = [t for t in tasks(tenants.queue, app) if (t.initial_id or t.id) == task_id]
+    succeeded = [t.attempt for t in chain if t.status == "sucesso" and not t.dead]
+    assert len(succeeded) == 1, [(t.attempt, t.status, t.message) for t in chain]
+    assert logged == succeeded, [(t.attempt, t.status, t.message) for t in chain]
+
+
+def _running_commits(tenant: Engine) -> int:
+    with tenant.connect() as conn:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'active' AND pid <> pg_backend_pid()"
+        )
+        return int(conn.execute(text(query)).scalar_one())

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Engine,
     Integer,
     bindparam,
+    event,
     func,
     literal_column,
     or_,
@@ -96,7 +97,10 @@ class MySQLAdapter(Adapter):
     def connect_claim(self, engine: Engine) -> Connection:
         # READ COMMITTED: the locking read takes no gap locks, so enqueuers
         # never wait for a claim
-        return engine.connect().execution_options(isolation_level="READ COMMITTED")
+        conn = engine.connect().execution_options(isolation_level="READ COMMITTED")
+        if self.task_locks:
+            _keep_alive_while_idle(conn)
+        return conn
 
     def connect_maintenance(self, engine: Engine) -> Connection:
         # READ COMMITTED: InnoDB then unlocks at once the rows a locking read
@@ -228,6 +232,41 @@ class MySQLAdapter(Adapter):
     def lock_release(self, conn: Connection, *, key: int) -> None:
         name = f"{self._lock_prefix(conn)}m{key}"
         conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+
+
+#: the longest wait_timeout the server takes (a year), set on the worker's
+#: own connections: see _keep_alive_while_idle
+_WAIT_TIMEOUT_MAX = 31_536_000
+_SESSION_MARK = "sqla_queue_wait_timeout"
+
+
+def _keep_alive_while_idle(conn: Connection) -> None:
+    """A lane's claim connection is idle while its handlers run, and holds
+    their per-task locks (GET_LOCK): a server whose ``wait_timeout`` ends it
+    meanwhile frees them, and the rescue would take a healthy worker's
+    tasks (docs/lifecycle.md, "Idle timeouts"). The session's own
+    ``wait_timeout`` is raised to the largest the server takes, once per
+    server session, and set back to the server's global value when the
+    connection goes back to the pool."""
+    record = conn.connection
+    if record.info.get(_SESSION_MARK):
+        return
+    pool = conn.engine.pool
+    if not event.contains(pool, "checkin", _reset_wait_timeout):
+        event.listen(pool, "checkin", _reset_wait_timeout)
+    with conn.begin():
+        conn.execute(text(f"SET SESSION wait_timeout = {_WAIT_TIMEOUT_MAX}"))
+    record.info[_SESSION_MARK] = True
+
+
+def _reset_wait_timeout(dbapi_connection: Any, record: Any) -> None:
+    if not record.info.pop(_SESSION_MARK, False) or dbapi_connection is None:
+        return
+    try:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+    except Exception:  # a broken connection: the pool's own check will drop it
+        record.invalidate()
 
 
 def _errno(exc: BaseException) -> Any:

@@ -71,10 +71,10 @@ RECONNECT_DELAY_SECONDS = 1.0
 #: releases the per-task lock of task x, for each x of the ids array :ids
 TASK_UNLOCK = "pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)"
 OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
-#: set on the worker's own connections (claim, heartbeat, routines): see
-#: PostgresAdapter.own_connection
-PLANNER_SETTINGS = (("enable_seqscan", "off"),)
-_PLANNER_MARK = "sqla_queue_planner"
+#: set on the worker's own connections (claim, heartbeat, routines), with
+#: the server version that has the parameter: see PostgresAdapter.own_connection
+SESSION_SETTINGS = (("enable_seqscan", "off", (0,)), ("idle_session_timeout", "0", (14,)))
+_SESSION_MARK = "sqla_queue_session"
 
 
 def _lock_objid(id_expr: Any) -> Any:
@@ -419,16 +419,24 @@ class PostgresAdapter(Adapter):
         return self.own_connection(super().connect_maintenance(engine))
 
     def own_connection(self, conn: Connection) -> Connection:
-        """Plan this connection's statements without sequential scans.
+        """Settings for a connection that carries only the worker's statements.
 
         The claim, the heartbeat and the routines run on connections that
         carry no application statement, so a session setting there touches
-        nothing else: ``enable_seqscan = off`` makes every plan of ours that
-        can use an index use it, whatever the statistics say, prepared or
-        not. Without it a table that PostgreSQL never analysed (autovacuum
-        late or off; a new table) is costed at ten pages, a full scan looks
-        cheaper than a few index probes, and a prepared statement keeps that
-        generic plan while the table grows (docs/benchmarks.md, (g)).
+        nothing else:
+
+        - ``enable_seqscan = off`` makes every plan of ours that can use an
+          index use it, whatever the statistics say, prepared or not.
+          Without it a table that PostgreSQL never analysed (autovacuum late
+          or off; a new table) is costed at ten pages, a full scan looks
+          cheaper than a few index probes, and a prepared statement keeps
+          that generic plan while the table grows (docs/benchmarks.md, (g)).
+        - ``idle_session_timeout = 0`` (PostgreSQL 14+): a lane's claim
+          connection is idle while its handlers run, and holds their
+          per-task locks; a server that ends idle sessions would free them
+          and the rescue would take a healthy worker's tasks
+          (docs/lifecycle.md, "Idle timeouts").
+
         Set once per server session, and reset when the connection goes back
         to the pool (where a handler's session may take it next). Not behind
         a transaction-pooling PgBouncer (``task_locks`` off): a session
@@ -436,14 +444,15 @@ class PostgresAdapter(Adapter):
         if not self.task_locks:
             return conn
         record = conn.connection
-        if not record.info.get(_PLANNER_MARK):
+        if not record.info.get(_SESSION_MARK):
             pool = conn.engine.pool
-            if not event.contains(pool, "checkin", _reset_planner):
-                event.listen(pool, "checkin", _reset_planner)
+            if not event.contains(pool, "checkin", _reset_session):
+                event.listen(pool, "checkin", _reset_session)
+            names = _session_settings(conn.dialect.server_version_info)
             with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
-                for name, value in PLANNER_SETTINGS:
+                for name, value in names:
                     conn.execute(text("SELECT set_config(:n, :v, false)"), {"n": name, "v": value})
-            record.info[_PLANNER_MARK] = True
+            record.info[_SESSION_MARK] = [name for name, _ in names]
         return conn
 
     # ------------------------------------------------------------ vacuum
@@ -542,15 +551,22 @@ _HORIZON_HOLDER = text(
 )
 
 
-def _reset_planner(dbapi_connection: Any, record: Any) -> None:
+def _session_settings(version: tuple[Any, ...] | None) -> list[tuple[str, str]]:
+    """The SESSION_SETTINGS a server of ``version`` has."""
+    major = tuple(version or (0,))[:1]
+    return [(name, value) for name, value, since in SESSION_SETTINGS if major >= since]
+
+
+def _reset_session(dbapi_connection: Any, record: Any) -> None:
     """Pool check-in: a connection that ran the worker's own statements goes
-    back with the server's planner settings."""
-    if not record.info.pop(_PLANNER_MARK, False) or dbapi_connection is None:
+    back with the server's settings."""
+    names = record.info.pop(_SESSION_MARK, None)
+    if not names or dbapi_connection is None:
         return
     try:
         autocommit = dbapi_connection.autocommit
         dbapi_connection.autocommit = True
-        for name, _ in PLANNER_SETTINGS:
+        for name in names:
             dbapi_connection.execute(f"RESET {name}")
         dbapi_connection.autocommit = autocommit
     except Exception:  # a broken connection: the pool's own check will drop it

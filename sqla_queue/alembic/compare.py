@@ -32,6 +32,7 @@ from alembic.operations import ops
 from sqlalchemy import Table, select, table, text
 from sqlalchemy import column as sql_column
 
+from ..catalog import SCHEMA_WIDE
 from ..configuration_table import SettingRow, configuration_rows
 from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
 from .operations import (
@@ -158,14 +159,21 @@ def _compare_settings(
     conn_table: Table | None,
     rows: tuple[SettingRow, ...],
 ) -> None:
-    present: set[str] = set()
+    # (setting, queue) of the rows the table has; a table without queue_name
+    # (made before it) holds schema-wide rows only
+    present: set[tuple[str, str]] = set()
     if conn_table is not None:
         assert autogen_context.connection is not None
-        settings = table(
-            metadata_table.name, sql_column("setting_name"), schema=metadata_table.schema
-        )
-        present = set(autogen_context.connection.execute(select(settings.c.setting_name)).scalars())
-    missing = [row for row in rows if row["setting_name"] not in present]
+        scoped = "queue_name" in conn_table.c
+        columns: list[Any] = [sql_column("setting_name")] + [sql_column("queue_name")] * scoped
+        settings = table(metadata_table.name, *columns, schema=metadata_table.schema)
+        for found in autogen_context.connection.execute(select(*settings.c)):
+            present.add((found[0], found[1] if scoped else SCHEMA_WIDE))
+    missing = [
+        row
+        for row in rows
+        if (row["setting_name"], row.get("queue_name", SCHEMA_WIDE)) not in present
+    ]
     if missing:
         modify_table_ops.ops.append(
             InsertQueueSettingsOp(metadata_table.name, missing, schema=metadata_table.schema)

@@ -507,10 +507,13 @@ def _render_rename(autogen_context: AutogenContext, op: RenameQueueTableOp) -> s
 
 
 # ---------------------------------------------------------------- settings
-def _settings_table(table_name: str, schema: str | None) -> Any:
+def _settings_table(table_name: str, schema: str | None, queue_name: bool = False) -> Any:
+    """The columns of a configuration table the rows give (``queue_name``
+    only when they name their queue: an older table lacks the column)."""
     return table(
         table_name,
         column("setting_name", String),
+        *[column("queue_name", String)] * queue_name,
         column("value", String),
         column("unit", String),
         column("casted_as", String),
@@ -580,14 +583,24 @@ class DeleteQueueSettingsOp(_SettingsOp):
 
 @Operations.implementation_for(InsertQueueSettingsOp)
 def _insert_settings(operations: Operations, op: InsertQueueSettingsOp) -> None:
-    operations.bulk_insert(_settings_table(op.table_name, op.schema), op.rows)
+    scoped = any("queue_name" in row for row in op.rows)
+    operations.bulk_insert(_settings_table(op.table_name, op.schema, scoped), op.rows)
 
 
 @Operations.implementation_for(DeleteQueueSettingsOp)
 def _delete_settings(operations: Operations, op: DeleteQueueSettingsOp) -> None:
-    settings = _settings_table(op.table_name, op.schema)
-    names = [row["setting_name"] for row in op.rows]
-    operations.execute(settings.delete().where(settings.c.setting_name.in_(names)))
+    scoped = [row for row in op.rows if "queue_name" in row]
+    settings = _settings_table(op.table_name, op.schema, bool(scoped))
+    names = [row["setting_name"] for row in op.rows if "queue_name" not in row]
+    if names:
+        operations.execute(settings.delete().where(settings.c.setting_name.in_(names)))
+    for row in scoped:
+        operations.execute(
+            settings.delete().where(
+                settings.c.setting_name == row["setting_name"],
+                settings.c.queue_name == row["queue_name"],
+            )
+        )
 
 
 @renderers.dispatch_for(InsertQueueSettingsOp)

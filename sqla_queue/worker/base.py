@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Table, event
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -34,6 +34,7 @@ from ..records import TaskRecord
 from ..retry import LinearBackoff
 from ..settings import BASE_INTERVAL_MINUTES, MAX_RETRY, Range, Settings
 from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
+from ..timelimit import Attempt, current_attempt
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -166,9 +167,16 @@ class WorkerBase(abc.ABC):
             raise ConfigurationError(
                 f"{type(self).__name__} is not in multi-database mode: no tenant session"
             )
+        attempt = current_attempt()
         with engines.session(task.tenant) as tenant_session:
+            if attempt is not None:
+                # under a time limit: the limit cancels its statements too,
+                # and no COMMIT of it starts once the limit has passed
+                event.listen(tenant_session, "after_begin", _watched_by(attempt))
             yield tenant_session
-            tenant_session.commit()  # the tenant's work first, the queue's sucesso after
+            # the tenant's work first, the queue's sucesso after
+            with attempt.committing() if attempt is not None else contextlib.nullcontext():
+                tenant_session.commit()
 
     # ------------------------------------------------------- multi-database
     @classmethod
@@ -361,3 +369,10 @@ def _check_no_retry(name: str, value: object) -> None:
         raise ConfigurationError(
             f"{name}.no_retry must be a tuple of exception classes, not {value!r}"
         )
+
+
+def _watched_by(attempt: Attempt) -> Callable[..., None]:
+    def after_begin(session: Session, transaction: Any, connection: Connection) -> None:
+        attempt.watch(connection)
+
+    return after_begin

@@ -220,7 +220,7 @@ class Runner:
         table = configuration_table_of(model)
         try:
             with self.engine.connect() as conn:
-                return read_rows(conn, table)
+                return read_rows(conn, table, queue=model.__table__.name)
         except DBAPIError as exc:
             logger.warning(
                 "queue_configuration not read (%s): the environment and the defaults apply",
