@@ -32,10 +32,14 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 import requests
+from hypothesis import given
+from hypothesis import strategies as st
+from requests.adapters import HTTPAdapter
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+from urllib3.util import parse_url
 
 from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.webhook_guard import AddressPolicy
+from sqla_queue.webhook_guard import AddressPolicy, Refused, parse_destination
 from sqla_queue.webhooks import (
     MAX_RESPONSE_BYTES,
     MESSAGE_LIMIT,
@@ -846,3 +850,102 @@ def test_a_get_is_signed_over_the_query_it_sends(server, client):
     for other in ("fixed=1&order=13&note=x+y%26z", "order=12", ""):
         with pytest.raises(WebhookVerificationError):
             Webhook(SIGNING_SECRET).verify(other, headers, json_parse=False)
+
+
+# ------------------------------------------------------------ fuzz: the URL guard
+_FUZZ_NAMES = {"public.test": ["8.8.8.8"], "inside.test": ["10.0.0.7"], "both.test": ["1.1.1.1"]}
+
+
+def _fuzz_resolve(host: str, port: int) -> list[str]:
+    """Numeric forms as the system reads them (127.1, 0x7f.0.0.1), a few
+    names from a table, and no DNS."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        if host.rstrip(".") in _FUZZ_NAMES:
+            return _FUZZ_NAMES[host.rstrip(".")]
+        raise
+    return [str(info[4][0]) for info in infos]
+
+
+def _sixtofour(address: str) -> ipaddress.IPv6Address:
+    return ipaddress.IPv6Address((0x2002 << 112) | (int(ipaddress.IPv4Address(address)) << 80))
+
+
+def _ipv4_forms() -> st.SearchStrategy[str]:
+    ipv4 = st.sampled_from(
+        ["127.0.0.1", "10.0.0.7", "169.254.169.254", "100.64.0.1", "0.0.0.0", "8.8.8.8"]
+    ) | st.builds(lambda n: str(ipaddress.IPv4Address(n)), st.integers(0, 2**32 - 1))
+    return ipv4.flatmap(
+        lambda a: st.sampled_from(
+            [
+                a,
+                f"[::ffff:{a}]",
+                f"[::{a}]",
+                f"[64:ff9b::{a}]",
+                f"[{_sixtofour(a)}]",
+                str(int(ipaddress.IPv4Address(a))),
+                ".".join(hex(int(x)) for x in a.split(".")),
+                a.rsplit(".", 2)[0] + "." + str(int(a.split(".")[2]) * 256 + int(a.split(".")[3])),
+            ]
+        )
+    )
+
+
+_PIECES = st.sampled_from(
+    ["\\", "@", ":", "/", "?", "#", "%", "%40", "%2e", "%5c", " ", "\t", "[", "]", ".", "ü", "ß"]
+)
+
+
+@st.composite
+def _urls(draw: st.DrawFn) -> str:
+    """A host and port, or two of them around separators and an ``@``
+    (``127.0.0.1:80\\@8.8.8.8``), or a user part, or pieces in any order;
+    then a path and a query."""
+    scheme = draw(st.sampled_from(["http", "https", "http", "https", "HTTP", "ftp"]))
+    host = (
+        _ipv4_forms()
+        | st.sampled_from([*_FUZZ_NAMES, "localhost", "bücher.test", "[::1]", "[fe80::1%25eth0]"])
+        | st.text(alphabet="abc.-:[]1%@\\ü", max_size=12)
+    )
+    port = st.integers(-1, 70000).map(lambda n: f":{n}") | st.just(":8x") | st.just("")
+    pieces = st.lists(_PIECES, min_size=1, max_size=3).map("".join)
+    userinfo = st.text(alphabet="ab:@%\\/.8", max_size=8)
+    authority = draw(
+        st.tuples(host, port).map("".join)
+        | st.tuples(host, port, pieces, st.just("@"), host, port).map("".join)
+        | st.tuples(host, port, pieces, host, port).map("".join)
+        | st.tuples(userinfo, st.just("@"), host, port).map("".join)
+        | st.lists(host | port | _PIECES, min_size=1, max_size=5).map("".join)
+    )
+    tail = draw(st.lists(_PIECES | st.text(alphabet="ab1.=&", max_size=3), max_size=6))
+    return f"{scheme}://{authority}/{''.join(tail)}"
+
+
+@pytest.mark.fuzz
+@given(url=_urls() | st.text(max_size=40))
+def test_fuzz_the_guard_checks_the_host_the_connection_uses(url: str) -> None:
+    """Whatever the guard accepts, requests' connection pool (urllib3) goes
+    to the host and port the guard checked, and that host's addresses are
+    all outside the refused ranges."""
+    client = WebhookClient(resolve=_fuzz_resolve)
+    try:
+        try:
+            destination = parse_destination(url)
+            addresses = client._check_destination(destination)
+        except Refused:
+            return
+        prepared = requests.Request("POST", url).prepare()
+        pool_key, _ = HTTPAdapter().build_connection_pool_key_attributes(prepared, True, None)
+        default_port = 443 if pool_key["scheme"] == "https" else 80
+        assert (pool_key["host"].lower(), pool_key["port"] or default_port) == (
+            destination.host,
+            destination.port,
+        ), url
+        assert (parse_url(url).host or "").strip("[]").lower() == destination.host, url
+        assert addresses
+        for address in addresses:
+            assert AddressPolicy().refusal(address) is None, (url, address)
+            assert address not in ("127.0.0.1", "10.0.0.7", "::1"), (url, address)
+    finally:
+        client.close()
