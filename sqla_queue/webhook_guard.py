@@ -13,8 +13,9 @@ the worker calls, and reads the answer back in ``mensagem``. So:
   unspecified, reserved and every other non-global address (CGNAT
   ``100.64.0.0/10`` included), and judges an IPv6 address that embeds an
   IPv4 one (IPv4-mapped, IPv4-compatible, 6to4, NAT64, Teredo) by the IPv4
-  address it embeds (a DNS64 network's ``64:ff9b::8.8.8.8`` is public). ``WEBHOOK_ALLOWED_NETWORKS`` names addresses and ranges it
-  lets through; ``WEBHOOK_BLOCK_PRIVATE_NETWORKS=false`` turns it off.
+  address it embeds (a DNS64 network's ``64:ff9b::8.8.8.8`` is public).
+  ``WEBHOOK_ALLOWED_NETWORKS`` names addresses and ranges it lets through;
+  ``WEBHOOK_BLOCK_PRIVATE_NETWORKS=false`` turns it off.
 - :func:`show_url` is how a subscription URL is shown anywhere (rows, logs,
   errors): scheme, host and port, with the path and query masked, because
   Slack-style paths and Azure-style ``?code=`` keys are credentials.

@@ -806,9 +806,9 @@ def test_a_password_in_the_token_url_is_never_logged(
         resolver.access_token()
     assert [g["grant_type"] for g in auth.grants] == ["password", "refresh_token", "password"]
     assert any("trying a new password grant" in r.getMessage() for r in caplog.records)
-    for text in [str(info.value), caplog.text, *(r.getMessage() for r in caplog.records)]:
-        assert "Url-pa55-SECRET" not in text and "Api-pa55-SECRET" not in text
-        assert_no_secret(text, auth)
+    for shown in [str(info.value), caplog.text, *(r.getMessage() for r in caplog.records)]:
+        assert "Url-pa55-SECRET" not in shown and "Api-pa55-SECRET" not in shown
+        assert_no_secret(shown, auth)
     auth.token_status, auth.credentials_status = 200, 500
     resolver.forget_token()
     with pytest.raises(TenantError) as info:
