@@ -158,7 +158,7 @@ def calling(call: Call) -> Iterator[Call]:
         call.finish()
 
 
-class _GuardedConnection(HTTPConnection):
+class GuardedHTTPConnection(HTTPConnection):
     def _new_conn(self) -> socket.socket:
         call = _current.get()
         if call is None:
@@ -206,16 +206,16 @@ class _GuardedConnection(HTTPConnection):
         super().request(*args, **kwargs)
 
 
-class _GuardedTLSConnection(_GuardedConnection, HTTPSConnection):
+class GuardedHTTPSConnection(GuardedHTTPConnection, HTTPSConnection):
     pass
 
 
-class _Pool(HTTPConnectionPool):
-    ConnectionCls = _GuardedConnection
+class GuardedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = GuardedHTTPConnection
 
 
-class _TLSPool(HTTPSConnectionPool):
-    ConnectionCls = _GuardedTLSConnection
+class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = GuardedHTTPSConnection
 
 
 class PinnedAdapter(HTTPAdapter):
@@ -224,11 +224,17 @@ class PinnedAdapter(HTTPAdapter):
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": GuardedHTTPConnectionPool,
+            "https": GuardedHTTPSConnectionPool,
+        }
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        manager.pool_classes_by_scheme = {
+            "http": GuardedHTTPConnectionPool,
+            "https": GuardedHTTPSConnectionPool,
+        }
         return manager
 
 

@@ -39,7 +39,8 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from urllib3.util import parse_url
 
 from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.webhook_guard import AddressPolicy, Refused, parse_destination
+from sqla_queue.webhook_guard import AddressPolicy, Destination, Refused, parse_destination
+from sqla_queue.webhook_transport import Call, GuardedHTTPConnection, calling
 from sqla_queue.webhooks import (
     MAX_RESPONSE_BYTES,
     MESSAGE_LIMIT,
@@ -949,3 +950,19 @@ def test_fuzz_the_guard_checks_the_host_the_connection_uses(url: str) -> None:
             assert address not in ("127.0.0.1", "10.0.0.7", "::1"), (url, address)
     finally:
         client.close()
+
+
+def test_a_connection_to_another_host_than_the_checked_one_is_refused(server):
+    """The last line of defence: inside a delivery with the guard on, a
+    connection whose host is not the one the guard checked makes no socket."""
+    call = Call(time.monotonic() + 5, lambda text: text)
+    call.destination = Destination("http", "checked.test", server.port)
+    call.addresses = ["127.0.0.1"]
+    with calling(call):
+        other = GuardedHTTPConnection("127.0.0.1", server.port, timeout=2)
+        with pytest.raises(Refused, match="not the one that was checked"):
+            other.connect()
+        same = GuardedHTTPConnection("checked.test", server.port, timeout=2)
+        same.connect()  # to 127.0.0.1, the checked address: no DNS lookup of the name
+        same.close()
+    assert call.expired is False
