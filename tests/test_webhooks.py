@@ -690,9 +690,9 @@ def test_a_redirect_cannot_smuggle_another_host_with_a_backslash(server, other_s
     assert not result.ok and result.status == 302
 
 
-def test_dns_rebinding_cannot_reach_a_refused_address(server, monkeypatch):
-    """The name answers a public address to the first lookup and 127.0.0.1
-    to the next ones: the delivery connects to the address it checked."""
+def _rebind(monkeypatch: pytest.MonkeyPatch, first: str) -> None:
+    """A resolver that rebinds, in this process: ``rebind.test`` answers
+    ``first`` to the first lookup and 127.0.0.1 to every later one."""
     real = socket.getaddrinfo
     lookups: list[str] = []
 
@@ -700,9 +700,15 @@ def test_dns_rebinding_cannot_reach_a_refused_address(server, monkeypatch):
         if host != "rebind.test":
             return real(host, port, *args, **kwargs)
         lookups.append(host)
-        return real("8.8.8.8" if len(lookups) == 1 else "127.0.0.1", port, *args, **kwargs)
+        return real(first if len(lookups) == 1 else "127.0.0.1", port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+
+
+def test_dns_rebinding_cannot_reach_a_refused_address(server, monkeypatch):
+    """The name answers a public address to the first lookup and 127.0.0.1
+    to the next ones: the delivery connects to the address it checked."""
+    _rebind(monkeypatch, "8.8.8.8")
     with WebhookClient(timeout=1, block_private_networks=True) as guarded:
         result = guarded.deliver(_delivery(f"http://rebind.test:{server.port}/echo"))
     assert server.received == []
@@ -712,16 +718,7 @@ def test_dns_rebinding_cannot_reach_a_refused_address(server, monkeypatch):
 def test_the_delivery_goes_to_the_address_that_was_checked(server, monkeypatch):
     """127.0.0.2 is allowed, 127.0.0.1 is not: a name that answers 127.0.0.2
     first and 127.0.0.1 next reaches the server on 127.0.0.2 only."""
-    real = socket.getaddrinfo
-    lookups: list[str] = []
-
-    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-        if host != "rebind.test":
-            return real(host, port, *args, **kwargs)
-        lookups.append(host)
-        return real("127.0.0.2" if len(lookups) == 1 else "127.0.0.1", port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    _rebind(monkeypatch, "127.0.0.2")
     for second in _start("127.0.0.2", server.port):
         with WebhookClient(timeout=2, allowed_networks=["127.0.0.2/32"]) as guarded:
             result = guarded.deliver(_delivery(f"http://rebind.test:{server.port}/echo"))
