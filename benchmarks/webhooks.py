@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import statistics
 import sys
 import threading
@@ -35,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqla_queue.webhooks import Delivery, WebhookClient
 
 DELAY = 0.0
+# the server listens on 127.0.0.1: let it through the guard (on by default)
+LOCAL = ("127.0.0.1/32",)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -89,7 +92,9 @@ def main() -> None:
     ]
     print(f"{args.n} deliveries, server delay {args.delay:g} s, median of {args.reps} runs")
     for concurrency in (1, 8):
-        with WebhookClient(timeout=10, max_concurrency=concurrency) as client:
+        with WebhookClient(
+            timeout=10, max_concurrency=concurrency, allowed_networks=LOCAL
+        ) as client:
             client.deliver_many(deliveries[:50], concurrency)  # warm-up: connections
             rates = []
             for _ in range(args.reps):
@@ -147,6 +152,7 @@ def worker_rate(db_url: str, hook_url: str, n: int, lanes: int) -> float:
             QueueClient(conn, Task).insert_task_pub_sub(
                 process="evento", payload={"order": 1234, "status": "paid"}
             )
+        os.environ["WEBHOOK_ALLOWED_NETWORKS"] = ",".join(LOCAL)
         started = time.perf_counter()
         Hooks().run(engine=engine, burst=True, concurrency=lanes, settings=Settings())
         elapsed = time.perf_counter() - started

@@ -693,7 +693,8 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "webhook_timeout",
         _OTHER,
-        "Seconds a webhook call may take, more than 0 and at most 3600 (docs/webhooks.md).",
+        "Seconds a webhook delivery may take in all (a wall-clock deadline: connecting, "
+        "redirects and body included), more than 0 and at most 3600 (docs/webhooks.md).",
         env=("DEFAULT_WEBHOOK_TIMEOUT",),
         default=20,
         resolved=False,
@@ -701,9 +702,21 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "webhook_block_private",
         _OTHER,
-        "`true`: webhooks refuse private and loopback addresses (docs/webhooks.md).",
+        "`true`: webhooks refuse loopback, private, link-local and every other "
+        "non-global destination, except `WEBHOOK_ALLOWED_NETWORKS`; `false` turns the "
+        "guard off (docs/webhooks.md).",
         env=("WEBHOOK_BLOCK_PRIVATE_NETWORKS",),
-        default=False,
+        kind=Flag(),
+        default=True,
+        resolved=False,
+    ),
+    _s(
+        "webhook_allowed_networks",
+        _OTHER,
+        "Addresses and CIDR ranges webhooks may reach with the guard on, comma-separated "
+        "(`10.0.0.7, 192.168.10.0/24, fd00::/8`); a bad one stops the worker at start "
+        "(docs/webhooks.md).",
+        env=("WEBHOOK_ALLOWED_NETWORKS",),
         resolved=False,
     ),
     _s(

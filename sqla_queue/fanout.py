@@ -17,8 +17,9 @@ Copies keep nsj-queue-lib's payload shape, so a mixed fleet keeps working::
 
 serialised by :mod:`sqla_queue.payload` (ensure_ascii, default separators)
 and hashed as every payload. The subscription never carries the signing
-secret, nor its headers' values (``"headers": null``): they may hold
-tokens, and a copy row lives in the queue table for as long as its
+secret, nor its headers' values (``"headers": null``), nor its URL's path
+and query (``"url": "https://hooks.slack.com/***"``): they may hold tokens
+and keys, and a copy row lives in the queue table for as long as its
 retention; the webhook delivery reads them from the subscriber table. This
 module decides what the rows are; the adapter runs the SQL.
 """
@@ -38,6 +39,7 @@ from .mixins import Status
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
 from .subscribers import SUBSCRIBER_COLUMN_NAMES, SubscriptionRecord
+from .webhook_guard import show_url
 
 __all__ = ["CHUNK_ROWS", "NO_SUBSCRIBERS_MESSAGE", "PUBLISHED_MESSAGE", "FanOut"]
 
@@ -53,7 +55,13 @@ Handler = Callable[[TaskRecord, Session], Any]
 
 def copy_payload(publication: TaskRecord, subscription: SubscriptionRecord) -> str | None:
     """The reference's copy payload text (see the module docstring)."""
-    shown = {**subscription.as_dict(), "headers": None}  # no token in a queue row
+    shown = subscription.as_dict()
+    # no token in a queue row: header values may be tokens, and a URL's path
+    # and query may be keys (Slack, Azure Functions); the delivery reads the
+    # subscriber table
+    shown["headers"] = None
+    if shown.get("url"):
+        shown["url"] = show_url(shown["url"])
     return serialize_payload({"publication": publication.payload_text, "subscription": shown})
 
 

@@ -236,28 +236,31 @@ class CredentialsApiResolver:
     def __repr__(self) -> str:
         return (
             f"CredentialsApiResolver(user={self.user!r}, client_id={self.client_id!r}, "
-            f"credentials_url={self.credentials_url!r}, driver={self.driver!r})"
+            f"credentials_url={redact(self.credentials_url)!r}, driver={self.driver!r})"
         )
 
     # -------------------------------------------------------------- tokens
     def _post(self, what: str, url: str, **kwargs: Any) -> dict[str, Any]:
         import requests
 
+        # the URL may carry a password (https://user:pass@auth/...): errors
+        # and the log lines that quote them show it masked
+        shown = redact(url)
         try:
             response = self._http.post(url, timeout=self.timeout, allow_redirects=False, **kwargs)
         except requests.RequestException as exc:
             # the exception's text names the URL, never the body we sent
-            raise TenantError(f"{what}: {url} unreachable ({type(exc).__name__})") from None
+            raise TenantError(f"{what}: {shown} unreachable ({type(exc).__name__})") from None
         if response.status_code != 200:
-            error = TenantError(f"{what}: {url} answered HTTP {response.status_code}")
+            error = TenantError(f"{what}: {shown} answered HTTP {response.status_code}")
             error.status = response.status_code
             raise error
         try:
             body = response.json()
         except ValueError:
-            raise TenantError(f"{what}: {url} answered something that is not JSON") from None
+            raise TenantError(f"{what}: {shown} answered something that is not JSON") from None
         if not isinstance(body, dict):
-            raise TenantError(f"{what}: {url} answered JSON that is not an object")
+            raise TenantError(f"{what}: {shown} answered JSON that is not an object")
         return body
 
     def _grant(self, form: dict[str, str], what: str) -> _Token:
@@ -275,7 +278,7 @@ class CredentialsApiResolver:
             refresh_in = float(body.get("refresh_expires_in") or 0)
         except (KeyError, TypeError, ValueError):
             raise TenantError(
-                f"{what}: {self.token_url} answered no access_token / expires_in"
+                f"{what}: {redact(self.token_url)} answered no access_token / expires_in"
             ) from None
         return _Token(
             access=access,
@@ -365,7 +368,7 @@ class CredentialsApiResolver:
             )
         except (KeyError, TypeError, ValueError):
             raise TenantError(
-                f"{what}: {self.credentials_url} answered no hostname / port / db_name / "
+                f"{what}: {redact(self.credentials_url)} answered no hostname / port / db_name / "
                 "user / password"
             ) from None
         logger.debug("%s: %s", what, _shown(url))

@@ -16,10 +16,13 @@ What one delivery does:
 - The subscription's headers are sent; their values never reach a message,
   an exception text or a log line (every exact occurrence in the response
   text or an error text is masked, and :func:`~sqla_queue.redaction.redact`
-  runs on the rest).
+  runs on the rest). The URL is shown as scheme, host and port with its
+  path and query masked (:func:`~sqla_queue.webhook_guard.show_url`), in
+  messages and in urllib3's log lines alike.
 - With a signing secret (``whsec_`` + base64 key), the Standard Webhooks
   headers ``webhook-id`` (the stable delivery id), ``webhook-timestamp`` and
-  ``webhook-signature``. ``webhook-id`` is sent in any case: it is the
+  ``webhook-signature``, signed over the body sent (for a ``GET``, over the
+  query string sent). ``webhook-id`` is sent in any case: it is the
   receiver's idempotency key.
 - 2xx is success, with the reference's message. Anything else is a failure
   whose message says why: the status and the start of the body, a timeout,
@@ -27,9 +30,14 @@ What one delivery does:
 - Redirects: at most :data:`MAX_REDIRECTS`, to the same origin (scheme,
   host, port) only; the subscription's headers would follow any other.
 - At most :data:`MAX_RESPONSE_BYTES` of a response body are read.
-- ``block_private_networks`` refuses loopback, private, link-local,
-  multicast, unspecified, reserved and other non-global addresses, checked
-  before each connection (the first and every redirect).
+- The timeout is also a wall-clock deadline for the whole delivery: an
+  endpoint that drips its answer is cut off when it passes.
+- ``block_private_networks`` (on by default) refuses loopback, private,
+  link-local, multicast, unspecified, reserved and other non-global
+  addresses, except ``allowed_networks``: each hop's URL is read as the
+  connection reads it, its name resolved once, every address checked, and
+  the connection made to those addresses (:mod:`sqla_queue.webhook_guard`,
+  :mod:`sqla_queue.webhook_transport`).
 """
 
 from __future__ import annotations
@@ -50,14 +58,26 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
+from urllib.parse import unquote, urlencode, urljoin, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
 from .redaction import MASK, redact
 from .settings import Range, _flag, _number
+from .webhook_guard import (
+    AddressPolicy,
+    Destination,
+    IPNetwork,
+    parse_destination,
+    parse_networks,
+    show_url,
+)
+from .webhook_guard import Refused as _Refused
+from .webhook_guard import allowed_networks_from_env as allowed_networks_from_env
 
 if TYPE_CHECKING:
     import requests
+
+    from .webhook_transport import Call
 
 __all__ = [
     "DEFAULT_WEBHOOK_TIMEOUT",
@@ -69,6 +89,7 @@ __all__ = [
     "Delivery",
     "DeliveryResult",
     "WebhookClient",
+    "allowed_networks_from_env",
     "block_private_networks_from_env",
     "sign",
     "webhook_timeout_from_env",
@@ -87,7 +108,6 @@ MAX_RESPONSE_BYTES = 64 * 1024
 #: the length of ``mensagem`` (the reference cut its message to 500)
 MESSAGE_LIMIT = 500
 _REDIRECTS = (301, 302, 303, 307, 308)
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 # RFC 9110 token characters, for header names
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
@@ -101,9 +121,9 @@ def webhook_timeout_from_env(env: Mapping[str, str] | None = None) -> float:
 
 
 def block_private_networks_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """``WEBHOOK_BLOCK_PRIVATE_NETWORKS`` (true/false, default false)."""
+    """``WEBHOOK_BLOCK_PRIVATE_NETWORKS`` (true/false, default true)."""
     env = os.environ if env is None else env
-    return _flag(env, "WEBHOOK_BLOCK_PRIVATE_NETWORKS", default=False)
+    return _flag(env, "WEBHOOK_BLOCK_PRIVATE_NETWORKS", default=True)
 
 
 @dataclass(frozen=True)
@@ -133,14 +153,6 @@ class DeliveryResult:
     message: str
 
 
-class _Refused(Exception):
-    """A delivery refused before or between requests; the text is safe to show."""
-
-    def __init__(self, text: str, status: int | None = None) -> None:
-        super().__init__(text)
-        self.status = status
-
-
 def _secret_key(secret: str) -> bytes:
     raw = secret[len("whsec_") :] if secret.startswith("whsec_") else secret
     try:
@@ -167,35 +179,6 @@ def _signature(key: bytes, delivery_id: str, timestamp: int, body: str) -> str:
     return "v1," + base64.b64encode(digest.digest()).decode("ascii")
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
-
-
-def _show_origin(url: str) -> str:
-    scheme, host, port = _origin(url)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}" + (f":{port}" if port else "")
-
-
-def _blocked_reason(address: str) -> str | None:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
-        if getattr(ip, f"is_{kind}"):
-            return kind.replace("_", "-")
-    if not ip.is_global:
-        return "non-global"
-    return None
-
-
 def _default_resolve(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
@@ -214,8 +197,10 @@ class WebhookClient:
     per worker lane; :meth:`close` it, or use it as a context manager).
 
     ``timeout`` is in seconds (``webhook_timeout_from_env()``): the limit for
-    connecting, for each wait on the server, and for the whole delivery
-    (redirects and body included, checked between reads).
+    connecting, for each wait on the server, and a wall-clock deadline for
+    the whole delivery (redirects and body included).
+    ``block_private_networks`` (default on) refuses every non-global
+    destination except ``allowed_networks`` (addresses and CIDR ranges).
     ``max_concurrency`` is :meth:`deliver_many`'s default and sizes the
     connection pool. ``resolve`` (host, port -> addresses) is for tests."""
 
@@ -223,7 +208,8 @@ class WebhookClient:
         self,
         timeout: float = DEFAULT_WEBHOOK_TIMEOUT,
         *,
-        block_private_networks: bool = False,
+        block_private_networks: bool = True,
+        allowed_networks: Iterable[str | IPNetwork] = (),
         max_concurrency: int = 8,
         resolve: Callable[[str, int], Sequence[str]] | None = None,
     ) -> None:
@@ -235,17 +221,21 @@ class WebhookClient:
         if max_concurrency < 1:
             raise ConfigurationError(f"max_concurrency must be at least 1, not {max_concurrency!r}")
         self.block_private_networks = block_private_networks
+        self.policy = AddressPolicy(
+            block_private_networks, parse_networks(allowed_networks, "allowed_networks")
+        )
         self.max_concurrency = max_concurrency
         self._resolve = resolve or _default_resolve
         # requests (6 MiB) only where webhooks are delivered, not in every worker
         import requests
-        from requests.adapters import HTTPAdapter
+
+        from .webhook_transport import PinnedAdapter
 
         self.session = requests.Session()
         # No cookie is kept: a Set-Cookie from one subscriber's endpoint must
         # not ride along another subscription's delivery to the same host.
         self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-        adapter = HTTPAdapter(pool_connections=16, pool_maxsize=max(10, max_concurrency))
+        adapter = PinnedAdapter(pool_connections=16, pool_maxsize=max(10, max_concurrency))
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
@@ -281,20 +271,29 @@ class WebhookClient:
     def deliver(self, delivery: Delivery) -> DeliveryResult:
         """Make one delivery. Never raises for what the network or the
         endpoint does: every outcome is a :class:`DeliveryResult`."""
-        secrets = _secrets_of(delivery)
-        method = str(delivery.http_method or "").strip().upper()
-        shown_url = _scrub(delivery.url, secrets)
         import requests
 
+        from .webhook_transport import Call, calling
+
+        secrets = _secrets_of(delivery)
+        _hide(secrets, _url_texts(delivery.url))
+        method = str(delivery.http_method or "").strip().upper()
+        shown_url = show_url(delivery.url)
+        call = Call(time.monotonic() + self.timeout, lambda text: _scrub(text, secrets))
         try:
-            result = self._deliver(delivery, method, secrets)
-        except _Refused as exc:
-            result = self._failure(shown_url, method, exc.status, str(exc), secrets)
-        except requests.RequestException as exc:
-            result = self._failure(shown_url, method, None, _describe(exc, self.timeout), secrets)
-        except Exception as exc:  # a bug of ours or of a library: still an outcome
-            text = f"unexpected error: {type(exc).__name__}: {exc}"
-            result = self._failure(shown_url, method, None, text, secrets)
+            with calling(call):
+                result = self._deliver(delivery, method, secrets, call)
+        except Exception as exc:
+            status = exc.status if isinstance(exc, _Refused) else None
+            if call.expired:
+                text = f"timeout: no complete response within {_secs(self.timeout)}"
+            elif isinstance(exc, _Refused):
+                text = str(exc)
+            elif isinstance(exc, requests.RequestException):
+                text = _describe(exc, self.timeout)
+            else:  # a bug of ours or of a library: still an outcome
+                text = f"unexpected error: {type(exc).__name__}: {exc}"
+            result = self._failure(shown_url, method, status, text, secrets)
         logger.debug("webhook delivery %s: %s", "ok" if result.ok else "failed", result.message)
         return result
 
@@ -307,7 +306,12 @@ class WebhookClient:
         )
         return DeliveryResult(False, status, _compose(prefix, _scrub(text, secrets)))
 
-    def _deliver(self, delivery: Delivery, method: str, secrets: list[str]) -> DeliveryResult:
+    def _deliver(
+        self, delivery: Delivery, method: str, secrets: list[str], call: Call
+    ) -> DeliveryResult:
+        import requests
+        from requests.utils import select_proxy
+
         if method not in METHODS:
             raise _Refused(
                 f"unsupported HTTP method {method!r}: use one of {', '.join(METHODS)}"[:200]
@@ -318,10 +322,7 @@ class WebhookClient:
             raise _Refused("the delivery id holds a line break")
         headers = _headers(delivery.headers)
         url = delivery.url
-        if not isinstance(url, str) or urlsplit(url).scheme.lower() not in _DEFAULT_PORTS:
-            raise _Refused("the URL must start with http:// or https://")
-        if not urlsplit(url).hostname:
-            raise _Refused("the URL has no host")
+        start = destination = parse_destination(url)
         body = delivery.body or ""
         if method == "GET":
             url = _with_query(url, body)
@@ -334,38 +335,48 @@ class WebhookClient:
         headers = {n: v for n, v in headers.items() if n.lower() not in _SIGNATURE_HEADERS}
         headers["webhook-id"] = delivery.delivery_id
 
-        deadline = time.monotonic() + self.timeout
-        start_origin = _origin(url)
         hops = 0
         while True:
-            if self.block_private_networks:
-                self._check_destination(url)
-            if key is not None:
-                timestamp = int(time.time())
-                headers["webhook-timestamp"] = str(timestamp)
-                headers["webhook-signature"] = _signature(
-                    key, delivery.delivery_id, timestamp, body
+            prepared = self.session.prepare_request(
+                requests.Request(
+                    method, url, data=body.encode("utf-8") if body else None, headers=headers
                 )
-            remaining = deadline - time.monotonic()
+            )
+            assert prepared.url is not None
+            _hide(secrets, _url_texts(url) + _url_texts(prepared.url) + [prepared.path_url])
+            if key is not None:
+                # what is sent is signed: the body, or a GET's query string
+                signed = prepared.path_url.partition("?")[2] if method == "GET" else body
+                timestamp = int(time.time())
+                prepared.headers["webhook-timestamp"] = str(timestamp)
+                prepared.headers["webhook-signature"] = _signature(
+                    key, delivery.delivery_id, timestamp, signed
+                )
+            settings = self.session.merge_environment_settings(prepared.url, {}, True, None, None)
+            proxied = bool(select_proxy(prepared.url, settings["proxies"]))
+            addresses = self._check_destination(destination) if self.policy.block else None
+            # through a proxy, the proxy connects (and resolves the name)
+            call.destination = destination
+            call.addresses = None if proxied else addresses
+            remaining = call.deadline - time.monotonic()
             if remaining <= 0:
                 raise _Refused(f"timeout: no complete response within {_secs(self.timeout)}")
-            response = self.session.request(
-                method,
-                url,
-                data=body.encode("utf-8") if body else None,
-                headers=headers,
-                timeout=remaining,
-                allow_redirects=False,
-                stream=True,
+            response = self.session.send(
+                prepared, timeout=remaining, allow_redirects=False, **settings
             )
             try:
                 status = response.status_code
                 location = response.headers.get("Location")
                 if status in _REDIRECTS and location:
                     target = urljoin(url, location)
-                    if _origin(target) != start_origin:
+                    _hide(secrets, _url_texts(target))
+                    try:
+                        destination = parse_destination(target)
+                    except _Refused as exc:
+                        raise _Refused(f"redirect refused: {exc}", status) from None
+                    if destination != start:
                         raise _Refused(
-                            "redirect to another origin refused: " + _show_origin(target), status
+                            "redirect to another origin refused: " + destination.show(), status
                         )
                     hops += 1
                     if hops > MAX_REDIRECTS:
@@ -379,13 +390,13 @@ class WebhookClient:
                         headers = {n: v for n, v in headers.items() if n.lower() != "content-type"}
                     url = target
                     continue
-                text, cut = _read_text(response, deadline, self.timeout)
+                text, cut = _read_text(response, call.deadline, self.timeout)
             finally:
                 response.close()
             if cut:
                 limit = MAX_RESPONSE_BYTES // 1024
                 text = f"[response body over {limit} KiB, the rest not read] {text}"
-            shown_url = _scrub(delivery.url, secrets)
+            shown_url = show_url(delivery.url)
             if 200 <= status < 300:
                 prefix = (
                     f"Webhook disparado com sucesso na URL: {shown_url}. Método HTTP: {method}. "
@@ -394,21 +405,24 @@ class WebhookClient:
                 return DeliveryResult(True, status, _compose(prefix, _scrub(text, secrets)))
             return self._failure(shown_url, method, status, text, secrets)
 
-    def _check_destination(self, url: str) -> None:
-        _, host, port = _origin(url)
+    def _check_destination(self, destination: Destination) -> list[str]:
+        """The destination's addresses, each one allowed by the policy."""
+        host = destination.host
         try:
-            addresses = [host] if _is_ip(host) else list(self._resolve(host, port or 80))
+            found = [host] if _is_ip(host) else list(self._resolve(host, destination.port))
         except (OSError, UnicodeError):
             raise _Refused(f"DNS failure: cannot resolve {host}") from None
+        addresses = list(dict.fromkeys(found))
         if not addresses:
             raise _Refused(f"DNS failure: no address for {host}")
         for address in addresses:
-            reason = _blocked_reason(address)
+            reason = self.policy.refusal(address)
             if reason is not None:
                 raise _Refused(
-                    f"destination refused: {host} is {address}, a {reason} address "
-                    "(WEBHOOK_BLOCK_PRIVATE_NETWORKS)"
+                    f"destination refused: {host} is {address}, {reason} "
+                    "(WEBHOOK_BLOCK_PRIVATE_NETWORKS, WEBHOOK_ALLOWED_NETWORKS)"
                 )
+        return addresses
 
 
 def _is_ip(host: str) -> bool:
@@ -495,8 +509,7 @@ def _read_text(response: requests.Response, deadline: float, timeout: float) -> 
             break
         if time.monotonic() > deadline:
             raise _Refused(
-                f"timeout: the response body took more than {_secs(timeout)}",
-                response.status_code,
+                f"timeout: no complete response within {_secs(timeout)}", response.status_code
             )
     encoding = response.encoding or "utf-8"
     try:
@@ -559,6 +572,28 @@ def _scrub(text: str, secrets: list[str]) -> str:
         if secret in text:
             text = text.replace(secret, MASK)
     return redact(text)
+
+
+def _url_texts(url: object) -> list[str]:
+    """The parts of a URL that may hold a secret (path, query, user part),
+    as written and percent-decoded, for :func:`_scrub` to mask."""
+    if not isinstance(url, str):
+        return []
+    try:
+        split = urlsplit(url)
+    except ValueError:
+        return [url]
+    texts = [url, split.path, split.query, split.fragment, split.netloc.rpartition("@")[0]]
+    if split.query:
+        texts.append(f"{split.path}?{split.query}")
+    texts += [unquote(text) for text in texts]
+    return [text for text in texts if len(text) > 1]
+
+
+def _hide(secrets: list[str], texts: Iterable[str]) -> None:
+    """Add ``texts`` to ``secrets`` (longest first, as :func:`_scrub` needs)."""
+    secrets.extend(text for text in texts if text not in secrets)
+    secrets.sort(key=len, reverse=True)
 
 
 def _compose(prefix: str, text: str, end: str = ".") -> str:

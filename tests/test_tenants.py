@@ -897,3 +897,39 @@ def _running_commits(tenant: Engine) -> int:
             "AND state = 'active' AND pid <> pg_backend_pid()"
         )
         return int(conn.execute(text(query)).scalar_one())
+
+
+def test_a_password_in_the_token_url_is_never_logged(
+    fake_auth: tuple[FakeAuth, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """OAUTH_TOKEN_URL may carry a password (https://user:pass@auth/...): a
+    refresh that fails logs a WARNING that names the URL, masked."""
+    auth, base = fake_auth
+    auth.parts = {47: {"hostname": "db", "port": 5432, "db_name": "erp_47", "user": "app"}}
+    auth.expires_in = 11  # the access token expires 1 s after the grant
+    caplog.set_level(logging.DEBUG)
+    clock = Clock()
+    host = base.removeprefix("http://")
+    resolver = CredentialsApiResolver(
+        user="robot@example.com",
+        password=SECRETS["password"],
+        client_id="erp-worker",
+        token_url=f"http://proxy-user:Url-pa55-SECRET@{host}/token",
+        credentials_url=f"http://api-user:Api-pa55-SECRET@{host}/credentials",
+        clock=clock,
+    )
+    resolver.database_url(47)
+    clock.now += 2  # the access token expired: a refresh, refused
+    auth.token_status = 400
+    with pytest.raises(TenantError) as info:
+        resolver.access_token()
+    assert [g["grant_type"] for g in auth.grants] == ["password", "refresh_token", "password"]
+    assert any("trying a new password grant" in r.getMessage() for r in caplog.records)
+    for shown in [str(info.value), caplog.text, *(r.getMessage() for r in caplog.records)]:
+        assert "Url-pa55-SECRET" not in shown and "Api-pa55-SECRET" not in shown
+        assert_no_secret(shown, auth)
+    auth.token_status, auth.credentials_status = 200, 500
+    resolver.forget_token()
+    with pytest.raises(TenantError) as info:
+        resolver.database_url(48)
+    assert "Api-pa55-SECRET" not in str(info.value) and "/credentials answered" in str(info.value)

@@ -18,8 +18,17 @@ from sqla_queue import SubscriberWebhook, WorkerPubSubBase, WorkerWebhook
 from tests.conftest import created_engine, run_cli, server_url, spawn_cli, wait_until
 from tests.pubsub_app import PubSubApp
 from tests.test_pubsub import publish, rows
-from tests.test_webhooks import SIGNING_SECRET, TOKEN, _closed_port, _Server
+from tests.test_webhooks import (
+    AZURE_KEY,
+    SIGNING_SECRET,
+    SLACK_PATH,
+    TOKEN,
+    _closed_port,
+    _Server,
+)
 from tests.test_worker import drain
+
+LOCAL_NETWORK = "127.0.0.1/32"
 
 
 def subscribe(engine: Engine, papp: PubSubApp, *subscriptions: dict[str, Any]) -> None:
@@ -32,11 +41,13 @@ def _env(papp: PubSubApp, **extra: str) -> dict[str, str]:
         "SQLA_QUEUE_TEST_TABLE": papp.Task.__tablename__,
         "QUEUE_MAX_RETRY": "2",
         "QUEUE_BASE_INTERVAL_RETRY": "0",
+        # the test servers listen on 127.0.0.1: the guard (on) lets it through
+        "WEBHOOK_ALLOWED_NETWORKS": LOCAL_NETWORK,
         **extra,
     }
 
 
-def _webhook_cli(db_url: str, papp: PubSubApp, *args: str, **env: str) -> Any:
+def _webhook_cli(db_url: str, papp: PubSubApp, *args: str, check: bool = True, **env: str) -> Any:
     return run_cli(
         "webhook",
         "--model",
@@ -48,6 +59,7 @@ def _webhook_cli(db_url: str, papp: PubSubApp, *args: str, **env: str) -> Any:
         "--burst",
         *args,
         env=_env(papp, **env),
+        check=check,
     )
 
 
@@ -108,7 +120,7 @@ def test_webhook_worker_delivers_each_subscription(
     for failing, why in (
         ("e404", "Status Resposta: 404"),
         ("e503", "Status Resposta: 503"),
-        ("slow", "timed out"),
+        ("slow", "timeout"),
         ("refused", "refused"),
         ("away", "redirect"),
     ):
@@ -192,8 +204,9 @@ def _check_no_transaction_during_call(
 
 
 def test_pubsub_worker_hands_its_webhook_subscriptions_to_the_delivery(
-    pengine: Engine, papp: PubSubApp, server: _Server
+    pengine: Engine, papp: PubSubApp, server: _Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("WEBHOOK_ALLOWED_NETWORKS", LOCAL_NETWORK)
     subscribe(
         pengine,
         papp,
@@ -245,3 +258,95 @@ def test_webhook_cli_refuses_what_is_not_a_model(papp: PubSubApp) -> None:
     assert proc.returncode == 1
     assert "'tests.pubsub_app:PlainWorker' is not a mapped QueueMixin model" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_worker_refuses_internal_destinations_by_default(
+    db_url: str, pengine: Engine, papp: PubSubApp, server: _Server
+) -> None:
+    subscribe(
+        pengine,
+        papp,
+        {"id": "inside", "process": "evento", "url": server.url(f"/echo{SLACK_PATH}")},
+        {
+            "id": "sneaky",
+            "process": "evento",
+            "url": f"http://127.0.0.1:{server.port}\\@8.8.8.8/echo",
+        },
+    )
+    publish(pengine, papp, {"n": 1}, process="evento")
+    _webhook_cli(db_url, papp, WEBHOOK_ALLOWED_NETWORKS="")
+    assert server.received == []
+    copies = [t for t in rows(pengine, papp) if t.subscriber_id and not t.dead]
+    assert sorted({t.subscriber_id for t in copies}) == ["inside", "sneaky"]
+    for copy in copies:
+        assert copy.status == "falha"  # retried, then the dead letter, like any failure
+        assert "Status Resposta: -. " in copy.message  # no response, no body stored
+    inside = next(t for t in copies if t.subscriber_id == "inside")
+    assert inside.message.startswith(
+        f"WebhookDeliveryFailed: Webhook falhou na URL: http://127.0.0.1:{server.port}/***. "
+    )
+    assert "destination refused: 127.0.0.1 is 127.0.0.1, a loopback address" in inside.message
+
+
+def test_the_worker_delivers_anywhere_with_the_guard_off(
+    db_url: str, pengine: Engine, papp: PubSubApp, server: _Server
+) -> None:
+    subscribe(pengine, papp, {"id": "inside", "process": "evento", "url": server.url("/echo")})
+    publish(pengine, papp, {"n": 1}, process="evento")
+    _webhook_cli(db_url, papp, WEBHOOK_ALLOWED_NETWORKS="", WEBHOOK_BLOCK_PRIVATE_NETWORKS="false")
+    [copy] = [t for t in rows(pengine, papp) if t.subscriber_id == "inside"]
+    assert copy.status == "sucesso" and len(server.received) == 1
+
+
+def test_a_bad_allowed_network_stops_the_worker_at_start(papp: PubSubApp) -> None:
+    proc = _webhook_cli(
+        "sqlite://", papp, check=False, WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32, intranet"
+    )
+    assert proc.returncode != 0
+    assert "WEBHOOK_ALLOWED_NETWORKS: 'intranet' is not an IP address or CIDR range" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_dripping_endpoint_fails_the_copy_at_the_deadline(
+    db_url: str, pengine: Engine, papp: PubSubApp, server: _Server
+) -> None:
+    subscribe(
+        pengine, papp, {"id": "drip", "process": "evento", "url": server.url("/drip/headers")}
+    )
+    publish(pengine, papp, {"n": 1}, process="evento")
+    proc = _webhook_cli(db_url, papp, DEFAULT_WEBHOOK_TIMEOUT="1", QUEUE_MAX_RETRY="1")
+    [copy] = [t for t in rows(pengine, papp) if t.subscriber_id == "drip" and not t.dead]
+    assert copy.status == "falha"
+    assert "Mensagem: timeout: no complete response within 1 s." in copy.message
+    assert "\n" not in copy.message
+    # the drip would have held the delivery for 40 s (DRIP_BYTES * DRIP_SECONDS)
+    assert len(server.received) == 1, proc.stderr
+
+
+def test_secrets_in_a_subscription_url_reach_no_row_and_no_log_line(
+    db_url: str, pengine: Engine, papp: PubSubApp, server: _Server
+) -> None:
+    query = f"code={AZURE_KEY}"
+    subscribe(
+        pengine,
+        papp,
+        {"id": "slack", "process": "evento", "url": server.url(f"/echo/500{SLACK_PATH}")},
+        {"id": "azure", "process": "evento", "url": server.url(f"/echo?{query}")},
+        {
+            "id": "gone",
+            "process": "evento",
+            "url": f"http://127.0.0.1:{_closed_port()}{SLACK_PATH}?{query}",
+        },
+    )
+    publish(pengine, papp, {"n": 1}, process="evento")
+    proc = _webhook_cli(db_url, papp, "--log-level", "DEBUG")
+    output = proc.stdout + proc.stderr
+    assert "task failed" in output.lower() or "WebhookDeliveryFailed" in output
+    assert "urllib3" in output  # its DEBUG lines were there, masked
+    stored = _every_row_text(pengine, papp)
+    for secret in ("T0SECRET1", "XyZsEcReT", AZURE_KEY):
+        assert secret not in output
+        assert secret not in stored
+    assert len(server.received) >= 3

@@ -11,6 +11,7 @@ chosen by the request path:
 - ``/chain/N``: N redirects in a row to ``/chain/N-1``, then ``/chain/0`` answers 200
 - ``/huge``: 10 MB, streamed
 - ``/cookie``: 200 with a Set-Cookie
+- ``/drip/headers`` and ``/drip/body``: one byte at a time (DRIP_SECONDS apart)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -26,19 +28,25 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 import requests
-from standardwebhooks.webhooks import Webhook
+from hypothesis import given
+from hypothesis import strategies as st
+from requests.adapters import HTTPAdapter
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+from urllib3.util import parse_url
 
 from sqla_queue.exceptions import ConfigurationError
+from sqla_queue.webhook_guard import AddressPolicy, Destination, Refused, parse_destination
+from sqla_queue.webhook_transport import Call, GuardedHTTPConnection, calling
 from sqla_queue.webhooks import (
     MAX_RESPONSE_BYTES,
     MESSAGE_LIMIT,
     Delivery,
     WebhookClient,
-    _blocked_reason,
+    allowed_networks_from_env,
     block_private_networks_from_env,
     sign,
     webhook_timeout_from_env,
@@ -48,6 +56,14 @@ TOKEN = "tok-3f9a1c77e2b54d0d9b1e"  # a header value the servers echo back
 SECRET_KEY = b"0123456789abcdef0123456789abcdef"
 SIGNING_SECRET = "whsec_" + base64.b64encode(SECRET_KEY).decode()
 HUGE = 10 * 1024 * 1024
+# the test servers' network, let through the guard (on by default)
+LOCAL = ("127.0.0.1/32",)
+# a dripping endpoint sends one byte every DRIP_SECONDS, for about 40 s in all
+DRIP_SECONDS = 0.2
+DRIP_BYTES = 200
+# secrets that ride in subscription URLs (a Slack-style path, an Azure-style key)
+SLACK_PATH = "/services/T0SECRET1/B0SECRET2/XyZsEcReTsLaCkToKeN123"
+AZURE_KEY = "AzFuncKeySecret-9f8e7d6c5b4a"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -89,7 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
             code = int(segments[1])
             self._send(code, b"" if code == 204 else f"status {code}".encode())
         elif kind == "echo":
-            code = int(segments[1]) if len(segments) > 1 else 200
+            code = int(segments[1]) if len(segments) > 1 and segments[1].isdigit() else 200
             self._send(code, json.dumps(record).encode(), {"Content-Type": "application/json"})
         elif kind == "slow":
             self.server.release.wait(30)
@@ -124,8 +140,28 @@ class _Handler(BaseHTTPRequestHandler):
                 pass
         elif kind == "cookie":
             self._send(200, b"cookie set", {"Set-Cookie": "session=abc123; Path=/"})
+        elif kind == "drip":
+            self._drip(segments[1])
         else:
             self._send(404, b"no such path")
+
+    def _drip(self, part: str) -> None:
+        """One byte every DRIP_SECONDS, for DRIP_BYTES bytes: of the headers
+        (a header line that never ends) or of the body (after whole headers)."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % DRIP_BYTES
+        if part == "body":
+            self.wfile.write(head + b"\r\n")
+        else:
+            self.wfile.write(head + b"X-Drip: ")
+        try:
+            for _ in range(DRIP_BYTES):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                if self.server.release.wait(DRIP_SECONDS):
+                    break
+        except OSError:
+            pass  # the client gave up: what the test wants
+        self.close_connection = True
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -133,22 +169,22 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), _Handler)
         self.lock = threading.Lock()
         self.received: list[dict[str, Any]] = []
         self.release = threading.Event()
         self.in_flight = 0
         self.max_in_flight = 0
         self.port = self.server_address[1]
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"http://{host}:{self.port}"
 
     def url(self, path: str) -> str:
         return self.base + path
 
 
-def _start() -> Iterator[_Server]:
-    server = _Server()
+def _start(host: str = "127.0.0.1", port: int = 0) -> Iterator[_Server]:
+    server = _Server(host, port)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -162,7 +198,7 @@ def _start() -> Iterator[_Server]:
 
 @pytest.fixture
 def client() -> Iterator[WebhookClient]:
-    with WebhookClient(timeout=5) as webhook_client:
+    with WebhookClient(timeout=5, allowed_networks=LOCAL) as webhook_client:
         yield webhook_client
 
 
@@ -183,7 +219,7 @@ def test_2xx_is_success_with_the_references_message(server, client, code):
     assert result.ok and result.status == code
     text = "" if code == 204 else f"status {code}"
     assert result.message == (
-        f"Webhook disparado com sucesso na URL: {server.url(f'/status/{code}')}. "
+        f"Webhook disparado com sucesso na URL: {server.url('/***')}. "
         f"Método HTTP: POST. Status Resposta: {code}. Mensagem: {text}."
     )
 
@@ -206,7 +242,7 @@ def test_a_long_body_is_cut_to_fit_the_message(server, client):
 
 
 def test_timeout(server):
-    with WebhookClient(timeout=0.5) as slow_client:
+    with WebhookClient(timeout=0.5, allowed_networks=LOCAL) as slow_client:
         started = time.monotonic()
         result = slow_client.deliver(_delivery(server.url("/slow")))
     assert time.monotonic() - started < 3
@@ -416,8 +452,10 @@ def test_signature_verified_by_the_standardwebhooks_package(server, client):
         Webhook(SIGNING_SECRET).verify(got["body"] + " ", headers)
 
 
-def test_get_is_signed_with_an_empty_body(server, client):
-    delivery = _delivery(server.url("/echo"), method="GET", signing_secret=SIGNING_SECRET)
+def test_a_get_without_a_query_is_signed_over_nothing(server, client):
+    delivery = _delivery(
+        server.url("/echo"), method="GET", body=None, signing_secret=SIGNING_SECRET
+    )
     assert client.deliver(delivery).ok
     headers = {k.lower(): v for k, v in server.received[0]["headers"].items()}
     Webhook(SIGNING_SECRET).verify("", headers, json_parse=False)
@@ -461,7 +499,7 @@ def test_a_bad_signing_secret_fails_without_a_request(server, client):
 
 # ------------------------------------------------------------ concurrency
 def test_deliver_many_is_bounded_and_keeps_the_order(server):
-    with WebhookClient(timeout=5) as many:
+    with WebhookClient(timeout=5, allowed_networks=LOCAL) as many:
         urls = [server.url("/sleep/0.2") for _ in range(9)]
         started = time.monotonic()
         results = many.deliver_many([_delivery(u, id=str(i)) for i, u in enumerate(urls)], 3)
@@ -478,7 +516,7 @@ def test_one_slow_endpoint_delays_nobody_else(server):
     deliveries = [_delivery(server.url("/slow"), id="slow")] + [
         _delivery(server.url(f"/status/{200 + i}"), id=str(i)) for i in range(6)
     ]
-    with WebhookClient(timeout=1.0) as many:
+    with WebhookClient(timeout=1.0, allowed_networks=LOCAL) as many:
         started = time.monotonic()
         results = many.deliver_many(deliveries, max_concurrency=4)
         elapsed = time.monotonic() - started
@@ -529,8 +567,9 @@ def test_block_private_networks_checks_resolved_names(server):
     assert not result.ok and "10.0.0.7, a private address" in result.message
 
 
-def test_block_private_networks_off_by_default(server, client):
-    assert client.deliver(_delivery(server.url("/status/200"))).ok
+def test_block_private_networks_false_turns_the_guard_off(server):
+    with WebhookClient(timeout=2, block_private_networks=False) as unguarded:
+        assert unguarded.deliver(_delivery(server.url("/status/200"))).ok
 
 
 @pytest.mark.parametrize(
@@ -547,13 +586,21 @@ def test_block_private_networks_off_by_default(server, client):
         ("::1", "loopback"),
         ("fe80::1%eth0", "link-local"),
         ("fc00::1", "private"),
-        ("::ffff:10.0.0.1", "private"),
+        ("::ffff:10.0.0.1", "an address that embeds 10.0.0.1, a private address"),
+        ("2002:7f00:1::1", "an address that embeds 127.0.0.1, a loopback address"),
+        ("64:ff9b::a9fe:a9fe", "an address that embeds 169.254.169.254, a link-local address"),
+        ("::7f00:1", "an address that embeds 127.0.0.1, a loopback address"),
+        ("64:ff9b:1::1", "reserved"),
+        ("::ffff:8.8.8.8", None),
+        ("64:ff9b::808:808", None),  # DNS64: a public IPv4 host from an IPv6-only network
+        ("2002:808:808::1", None),
         ("8.8.8.8", None),
         ("2001:4860:4860::8888", None),
     ],
 )
 def test_blocked_addresses(address, reason):
-    assert _blocked_reason(address) == reason
+    expected = reason if reason is None or " " in reason else f"a {reason} address"
+    assert AddressPolicy().refusal(address) == expected
 
 
 # ------------------------------------------------------------ secrets
@@ -568,7 +615,7 @@ def test_no_secret_in_any_message_or_log_line(server, client, caplog):
         client.deliver(_delivery(f"http://127.0.0.1:{_closed_port()}/", headers=headers))
     )
     outcomes.append(client.deliver(_delivery(server.url("/echo"), method="BREW", headers=headers)))
-    with WebhookClient(timeout=0.3) as slow:
+    with WebhookClient(timeout=0.3, allowed_networks=LOCAL) as slow:
         outcomes.append(slow.deliver(_delivery(server.url("/slow"), headers=headers)))
     outcomes.extend(
         client.deliver_many(
@@ -605,8 +652,314 @@ def test_webhook_timeout_from_env():
 
 
 def test_block_private_networks_from_env():
-    assert block_private_networks_from_env({}) is False
+    assert block_private_networks_from_env({}) is True
     assert block_private_networks_from_env({"WEBHOOK_BLOCK_PRIVATE_NETWORKS": "true"}) is True
     assert block_private_networks_from_env({"WEBHOOK_BLOCK_PRIVATE_NETWORKS": "0"}) is False
     with pytest.raises(ConfigurationError, match="WEBHOOK_BLOCK_PRIVATE_NETWORKS"):
         block_private_networks_from_env({"WEBHOOK_BLOCK_PRIVATE_NETWORKS": "maybe"})
+
+
+# ------------------------------------------------------------ the guard, attacked
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:{port}\\@8.8.8.8/echo",
+        "http://127.0.0.1:{port}\\\\@8.8.8.8/echo",
+        "http://8.8.8.8\\@127.0.0.1:{port}/echo",
+        "http://127.0.0.1:{port}\t@8.8.8.8/echo",
+    ],
+)
+def test_a_backslash_cannot_smuggle_a_host_past_the_guard(server, url):
+    with WebhookClient(timeout=2, block_private_networks=True) as guarded:
+        result = guarded.deliver(_delivery(url.format(port=server.port)))
+    assert server.received == []
+    assert not result.ok and result.status is None
+    assert "Status Resposta: -" in result.message  # no response, no body stored
+
+
+def test_a_redirect_cannot_smuggle_another_host_with_a_backslash(server, other_server):
+    # urlsplit reads the target as the same origin; urllib3 would connect to
+    # the other server, with the subscription's headers
+    target = f"http://127.0.0.1:{other_server.port}\\@127.0.0.1:{server.port}/echo"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with WebhookClient(timeout=2, block_private_networks=False) as unguarded:
+        result = unguarded.deliver(
+            _delivery(server.url("/redirect?to=" + quote(target)), headers=headers)
+        )
+    assert other_server.received == []
+    assert not result.ok and result.status == 302
+
+
+def _rebind(monkeypatch: pytest.MonkeyPatch, first: str) -> None:
+    """A resolver that rebinds, in this process: ``rebind.test`` answers
+    ``first`` to the first lookup and 127.0.0.1 to every later one."""
+    real = socket.getaddrinfo
+    lookups: list[str] = []
+
+    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "rebind.test":
+            return real(host, port, *args, **kwargs)
+        lookups.append(host)
+        return real(first if len(lookups) == 1 else "127.0.0.1", port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+
+
+def test_dns_rebinding_cannot_reach_a_refused_address(server, monkeypatch):
+    """The name answers a public address to the first lookup and 127.0.0.1
+    to the next ones: the delivery connects to the address it checked."""
+    _rebind(monkeypatch, "8.8.8.8")
+    with WebhookClient(timeout=1, block_private_networks=True) as guarded:
+        result = guarded.deliver(_delivery(f"http://rebind.test:{server.port}/echo"))
+    assert server.received == []
+    assert not result.ok and result.status is None
+
+
+def test_the_delivery_goes_to_the_address_that_was_checked(server, monkeypatch):
+    """127.0.0.2 is allowed, 127.0.0.1 is not: a name that answers 127.0.0.2
+    first and 127.0.0.1 next reaches the server on 127.0.0.2 only."""
+    _rebind(monkeypatch, "127.0.0.2")
+    for second in _start("127.0.0.2", server.port):
+        with WebhookClient(timeout=2, allowed_networks=["127.0.0.2/32"]) as guarded:
+            result = guarded.deliver(_delivery(f"http://rebind.test:{server.port}/echo"))
+        assert result.ok, result.message
+        assert [r["headers"]["Host"] for r in second.received] == [f"rebind.test:{server.port}"]
+    assert server.received == []
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[::ffff:127.0.0.1]",  # IPv4-mapped
+        "[::ffff:7f00:1]",
+        "[::127.0.0.1]",  # IPv4-compatible
+        "[2002:7f00:1::1]",  # 6to4
+        "[2002:a00:1::]",
+        "[64:ff9b::127.0.0.1]",  # NAT64
+        "[64:ff9b::a9fe:a9fe]",
+        "[64:ff9b:1::1]",  # local-use NAT64
+        "[2001:0:4136:e378:8000:63bf:80ff:fffe]",  # Teredo, client 127.0.0.1
+        "127.1",
+        "0x7f.0.0.1",
+        "2130706433",
+        "100.64.0.1",
+        "0.0.0.0",
+    ],
+)
+def test_embedded_and_odd_forms_of_refused_addresses_are_refused(server, host):
+    with WebhookClient(timeout=2, block_private_networks=True) as guarded:
+        result = guarded.deliver(_delivery(f"http://{host}:{server.port}/echo"))
+    assert not result.ok and "destination refused" in result.message, result.message
+    assert server.received == []
+
+
+def test_the_guard_is_on_by_default(server):
+    with WebhookClient(timeout=2) as default:
+        result = default.deliver(_delivery(server.url("/echo")))
+    assert not result.ok and "destination refused" in result.message
+    assert "a loopback address" in result.message
+    assert server.received == []
+    assert block_private_networks_from_env({}) is True
+
+
+def test_allowed_networks_let_named_internal_targets_through(server):
+    for allowed in (["127.0.0.1"], ["10.0.0.0/8", "127.0.0.0/8"], ("127.0.0.1/32",)):
+        with WebhookClient(timeout=2, allowed_networks=allowed) as guarded:
+            assert guarded.deliver(_delivery(server.url("/status/200"))).ok, allowed
+    with WebhookClient(timeout=2, allowed_networks=["127.0.0.2/32"]) as guarded:
+        refused = guarded.deliver(_delivery(server.url("/status/200")))
+    assert not refused.ok and "destination refused" in refused.message
+    assert len(server.received) == 3
+
+
+def test_allowed_networks_from_env():
+    assert allowed_networks_from_env({}) == ()
+    assert allowed_networks_from_env({"WEBHOOK_ALLOWED_NETWORKS": " "}) == ()
+    assert allowed_networks_from_env(
+        {"WEBHOOK_ALLOWED_NETWORKS": "10.1.2.3, 192.168.0.0/16,,fd00::/8"}
+    ) == (
+        ipaddress.ip_network("10.1.2.3/32"),
+        ipaddress.ip_network("192.168.0.0/16"),
+        ipaddress.ip_network("fd00::/8"),
+    )
+    for bad in ("10.0.0.1/8", "intranet", "10.0.0.0/33", "127.0.0.1;10.0.0.0/8"):
+        with pytest.raises(ConfigurationError, match=r"^WEBHOOK_ALLOWED_NETWORKS") as info:
+            allowed_networks_from_env({"WEBHOOK_ALLOWED_NETWORKS": bad})
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigurationError, match="allowed_networks"):
+        WebhookClient(allowed_networks=["nope"])
+
+
+# ------------------------------------------------------------ the deadline
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_dripping_endpoint_fails_at_the_deadline(server, part):
+    with WebhookClient(timeout=1, block_private_networks=False) as unguarded:
+        started = time.monotonic()
+        result = unguarded.deliver(_delivery(server.url(f"/drip/{part}")))
+        elapsed = time.monotonic() - started
+    assert not result.ok
+    assert "timeout: no complete response within 1 s" in result.message
+    assert "\n" not in result.message
+    # the drip would last DRIP_BYTES * DRIP_SECONDS (40 s)
+    assert elapsed < DRIP_BYTES * DRIP_SECONDS / 2
+
+
+# ------------------------------------------------------------ secrets in the URL
+def test_a_secret_path_or_query_is_shown_nowhere(server, other_server, caplog):
+    caplog.set_level(logging.DEBUG)
+    query = f"code={AZURE_KEY}"
+    urls = [
+        server.url(f"/echo/500{SLACK_PATH}?{query}"),
+        server.url(f"/echo{SLACK_PATH}?{query}"),
+        server.url(f"/status/404?{query}"),
+        f"http://127.0.0.1:{_closed_port()}{SLACK_PATH}?{query}",
+        server.url(f"/slow{SLACK_PATH}?{query}"),
+        server.url("/redirect?to=" + quote(other_server.url(f"/echo{SLACK_PATH}?{query}"))),
+    ]
+    with WebhookClient(timeout=0.5, block_private_networks=False) as unguarded:
+        outcomes = [unguarded.deliver(_delivery(url)) for url in urls]
+        outcomes.append(unguarded.deliver(_delivery(urls[0], method="GET", body='{"a": 1}')))
+    with WebhookClient(timeout=0.5) as guarded:
+        outcomes.append(guarded.deliver(_delivery(urls[0])))
+    assert [o.ok for o in outcomes[:3]] == [False, True, False]
+    shown = [o.message for o in outcomes] + [caplog.text]
+    shown += [r.getMessage() for r in caplog.records]
+    for text in shown:
+        assert "T0SECRET1" not in text and "XyZsEcReT" not in text, text
+        assert AZURE_KEY not in text, text
+    assert outcomes[1].message.startswith(
+        f"Webhook disparado com sucesso na URL: http://127.0.0.1:{server.port}/***. "
+    )
+    assert any("urllib3" in r.name for r in caplog.records)  # it did log, masked
+
+
+# ------------------------------------------------------------ GET signatures
+def test_a_get_is_signed_over_the_query_it_sends(server, client):
+    body = json.dumps({"order": 12, "note": "x y&z"})
+    delivery = _delivery(
+        server.url("/echo?fixed=1"), method="GET", body=body, signing_secret=SIGNING_SECRET
+    )
+    assert client.deliver(delivery).ok
+    got = server.received[0]
+    headers = {k.lower(): v for k, v in got["headers"].items()}
+    assert got["query"] == "fixed=1&order=12&note=x+y%26z"
+    Webhook(SIGNING_SECRET).verify(got["query"], headers, json_parse=False)
+    # a captured signature does not verify for another query (or for none)
+    for other in ("fixed=1&order=13&note=x+y%26z", "order=12", ""):
+        with pytest.raises(WebhookVerificationError):
+            Webhook(SIGNING_SECRET).verify(other, headers, json_parse=False)
+
+
+# ------------------------------------------------------------ fuzz: the URL guard
+_FUZZ_NAMES = {"public.test": ["8.8.8.8"], "inside.test": ["10.0.0.7"], "both.test": ["1.1.1.1"]}
+
+
+def _fuzz_resolve(host: str, port: int) -> list[str]:
+    """Numeric forms as the system reads them (127.1, 0x7f.0.0.1), a few
+    names from a table, and no DNS."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        if host.rstrip(".") in _FUZZ_NAMES:
+            return _FUZZ_NAMES[host.rstrip(".")]
+        raise
+    return [str(info[4][0]) for info in infos]
+
+
+def _sixtofour(address: str) -> ipaddress.IPv6Address:
+    return ipaddress.IPv6Address((0x2002 << 112) | (int(ipaddress.IPv4Address(address)) << 80))
+
+
+def _ipv4_forms() -> st.SearchStrategy[str]:
+    ipv4 = st.sampled_from(
+        ["127.0.0.1", "10.0.0.7", "169.254.169.254", "100.64.0.1", "0.0.0.0", "8.8.8.8"]
+    ) | st.builds(lambda n: str(ipaddress.IPv4Address(n)), st.integers(0, 2**32 - 1))
+    return ipv4.flatmap(
+        lambda a: st.sampled_from(
+            [
+                a,
+                f"[::ffff:{a}]",
+                f"[::{a}]",
+                f"[64:ff9b::{a}]",
+                f"[{_sixtofour(a)}]",
+                str(int(ipaddress.IPv4Address(a))),
+                ".".join(hex(int(x)) for x in a.split(".")),
+                a.rsplit(".", 2)[0] + "." + str(int(a.split(".")[2]) * 256 + int(a.split(".")[3])),
+            ]
+        )
+    )
+
+
+_PIECES = st.sampled_from(
+    ["\\", "@", ":", "/", "?", "#", "%", "%40", "%2e", "%5c", " ", "\t", "[", "]", ".", "ü", "ß"]
+)
+
+
+@st.composite
+def _urls(draw: st.DrawFn) -> str:
+    """A host and port, or two of them around separators and an ``@``
+    (``127.0.0.1:80\\@8.8.8.8``), or a user part, or pieces in any order;
+    then a path and a query."""
+    scheme = draw(st.sampled_from(["http", "https", "http", "https", "HTTP", "ftp"]))
+    host = (
+        _ipv4_forms()
+        | st.sampled_from([*_FUZZ_NAMES, "localhost", "bücher.test", "[::1]", "[fe80::1%25eth0]"])
+        | st.text(alphabet="abc.-:[]1%@\\ü", max_size=12)
+    )
+    port = st.integers(-1, 70000).map(lambda n: f":{n}") | st.just(":8x") | st.just("")
+    pieces = st.lists(_PIECES, min_size=1, max_size=3).map("".join)
+    userinfo = st.text(alphabet="ab:@%\\/.8", max_size=8)
+    authority = draw(
+        st.tuples(host, port).map("".join)
+        | st.tuples(host, port, pieces, st.just("@"), host, port).map("".join)
+        | st.tuples(host, port, pieces, host, port).map("".join)
+        | st.tuples(userinfo, st.just("@"), host, port).map("".join)
+        | st.lists(host | port | _PIECES, min_size=1, max_size=5).map("".join)
+    )
+    tail = draw(st.lists(_PIECES | st.text(alphabet="ab1.=&", max_size=3), max_size=6))
+    return f"{scheme}://{authority}/{''.join(tail)}"
+
+
+@pytest.mark.fuzz
+@given(url=_urls() | st.text(max_size=40))
+def test_fuzz_the_guard_checks_the_host_the_connection_uses(url: str) -> None:
+    """Whatever the guard accepts, requests' connection pool (urllib3) goes
+    to the host and port the guard checked, and that host's addresses are
+    all outside the refused ranges."""
+    client = WebhookClient(resolve=_fuzz_resolve)
+    try:
+        try:
+            destination = parse_destination(url)
+            addresses = client._check_destination(destination)
+        except Refused:
+            return
+        prepared = requests.Request("POST", url).prepare()
+        pool_key, _ = HTTPAdapter().build_connection_pool_key_attributes(prepared, True, None)
+        default_port = 443 if pool_key["scheme"] == "https" else 80
+        assert (pool_key["host"].lower(), pool_key["port"] or default_port) == (
+            destination.host,
+            destination.port,
+        ), url
+        assert (parse_url(url).host or "").strip("[]").lower() == destination.host, url
+        assert addresses
+        for address in addresses:
+            assert AddressPolicy().refusal(address) is None, (url, address)
+            assert address not in ("127.0.0.1", "10.0.0.7", "::1"), (url, address)
+    finally:
+        client.close()
+
+
+def test_a_connection_to_another_host_than_the_checked_one_is_refused(server):
+    """The last line of defence: inside a delivery with the guard on, a
+    connection whose host is not the one the guard checked makes no socket."""
+    call = Call(time.monotonic() + 5, lambda text: text)
+    call.destination = Destination("http", "checked.test", server.port)
+    call.addresses = ["127.0.0.1"]
+    with calling(call):
+        other = GuardedHTTPConnection("127.0.0.1", server.port, timeout=2)
+        with pytest.raises(Refused, match="not the one that was checked"):
+            other.connect()
+        same = GuardedHTTPConnection("checked.test", server.port, timeout=2)
+        same.connect()  # to 127.0.0.1, the checked address: no DNS lookup of the name
+        same.close()
+    assert call.expired is False

@@ -45,6 +45,7 @@ from ..webhooks import (
     Delivery,
     DeliveryResult,
     WebhookClient,
+    allowed_networks_from_env,
     block_private_networks_from_env,
     webhook_timeout_from_env,
 )
@@ -137,6 +138,7 @@ class WebhookStage:
         timeout: float | None = None,
         concurrency: int = 8,
         block_private_networks: bool | None = None,
+        allowed_networks: Iterable[str] | None = None,
     ) -> None:
         self.table = subscriber_table
         self.subscriber_ids = None if subscriber_ids is None else frozenset(subscriber_ids)
@@ -145,6 +147,9 @@ class WebhookStage:
             block_private_networks_from_env()
             if block_private_networks is None
             else block_private_networks
+        )
+        self.allowed_networks = (
+            allowed_networks_from_env() if allowed_networks is None else tuple(allowed_networks)
         )
         self.concurrency = concurrency
         self._local = threading.local()
@@ -157,7 +162,8 @@ class WebhookStage:
         if "signing_secret" in c:
             columns.append(c.signing_secret)
         self._read = select(*columns)
-        # a client made now checks the settings (timeout, concurrency) at start
+        # a client made now checks the settings (timeout, concurrency,
+        # WEBHOOK_ALLOWED_NETWORKS) at start
         self._client()
 
     def delivers(self, task: TaskRecord) -> bool:
@@ -172,6 +178,7 @@ class WebhookStage:
             client = WebhookClient(
                 self.timeout,
                 block_private_networks=self.block_private_networks,
+                allowed_networks=self.allowed_networks,
                 max_concurrency=self.concurrency,
             )
             self._local.client = client
