@@ -29,6 +29,7 @@ from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
 from .types import utcnow
+from .validation import check_columns
 
 if TYPE_CHECKING:
     from .requeue import Requeued
@@ -117,7 +118,8 @@ def _normalise(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]
     return values
 
 
-def _task_row(values: Mapping[str, Any], *, pub_sub: bool, now: dt.datetime) -> dict[str, Any]:
+def _task_row(values: dict[str, Any], *, pub_sub: bool, now: dt.datetime) -> dict[str, Any]:
+    check_columns(values)
     get = values.get
     text = serialize_payload(get("payload"))
     run_at = get("data_hora")
@@ -133,7 +135,7 @@ def _task_row(values: Mapping[str, Any], *, pub_sub: bool, now: dt.datetime) -> 
         "payload_hash": hash_payload(text),
         "tenant": get("tenant"),
         "grupo_empresarial": get("grupo_empresarial"),
-        "prioridade": DEFAULT_PRIORITY if priority is None else int(priority),
+        "prioridade": DEFAULT_PRIORITY if priority is None else priority,
         "pub_sub": pub_sub,
         "status": _SCHEDULED if run_at is not None and run_at > now else _PENDING,
     }

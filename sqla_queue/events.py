@@ -50,6 +50,7 @@ from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
 from .types import utcnow
+from .validation import check_attributes
 
 __all__ = ["install", "prepare_task", "uninstall"]
 
@@ -86,7 +87,10 @@ def _is_installed(session: Session) -> bool:
 
 # -------------------------------------------------------------- the flush
 def prepare_task(task: QueueMixin) -> None:
-    """Complete a new row: payload text and hash, status, first run time."""
+    """Complete a new row: payload text and hash, status, first run time;
+    its values checked first (``validation.py``)."""
+    for key, value in check_attributes(task.__dict__).items():
+        setattr(task, key, value)
     _prepare_payload(task, new=True)
     if task.run_at is not None and task.run_at.tzinfo is None:
         task.run_at = task.run_at.replace(tzinfo=dt.timezone.utc)  # naive means UTC
@@ -237,7 +241,8 @@ def _refuse_payload_update(state: ORMExecuteState) -> None:
 def _prepared_row(row: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
     """What a parameter set of an ORM INSERT (attribute names) lacks, as
     :func:`prepare_task` completes an instance; merged into a copy of it."""
-    extra: dict[str, Any] = {PREPARED_ROW: True}
+    extra: dict[str, Any] = check_attributes(row)
+    extra[PREPARED_ROW] = True
     if "payload" in row:
         text = serialize_payload(row["payload"])
         extra["payload_text"] = text

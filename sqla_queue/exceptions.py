@@ -23,7 +23,11 @@ class InvalidIdentifierError(ConfigurationError):
     """A schema, table or channel name is not a valid SQL identifier."""
 
 
-class PayloadError(SqlaQueueError, ValueError):
+class InvalidTaskError(SqlaQueueError, ValueError):
+    """A task's value cannot be stored in its column; nothing was written."""
+
+
+class PayloadError(InvalidTaskError):
     """The payload cannot be serialised to JSON."""
 
 

@@ -219,18 +219,52 @@ def _str_text(value: str) -> str:
     return text
 
 
+def _lone_surrogate(character: str) -> PayloadError:
+    return PayloadError(
+        f"payload: a lone surrogate (U+{ord(character):04X}) is not Unicode text, "
+        "and the payload is stored as UTF-8 JSON text"
+    )
+
+
+def _utf8(text: str) -> str:
+    """``text``, refused if it cannot be encoded as UTF-8 (a lone surrogate)."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise _lone_surrogate(text[exc.start]) from None
+    return text
+
+
+def _utf8_json(text: str) -> str:
+    """JSON ``text``, refused if a string in it holds a lone surrogate: as a
+    character, or escaped (``\\ud800``). JSON's ``\\u`` escapes of UTF-16
+    code units let ASCII text spell one, which PostgreSQL's ``jsonb``
+    refuses and no UTF-8 text can hold; a pair (a character past U+FFFF,
+    ``\\ud834\\udd1e``) is fine. Only text with such an escape is decoded
+    to tell the two apart."""
+    _utf8(text)
+    if "\\ud" in text or "\\uD" in text:
+        try:
+            json.dumps(_DECODER.decode(text), ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise _lone_surrogate(exc.object[exc.start]) from None
+    return text
+
+
 def serialize_payload(value: Any) -> str | None:
     """The stored text of a payload (see the module docstring)."""
     if value is None:
         return None
     if isinstance(value, str):
         if isinstance(value, JsonText):
-            return str.__str__(value)  # a plain str for the driver
-        return _str_text(value)
+            return _utf8_json(str.__str__(value))  # a plain str for the driver
+        return _str_text(_utf8(value))
     try:
-        return _ENCODER.encode(value)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"the task payload cannot be serialised to JSON: {exc}") from exc
+    return _utf8_json(text)
 
 
 def hash_payload(text: str | None) -> bytes | None:
@@ -243,7 +277,10 @@ def hash_payload_texts(texts: Iterable[str | None]) -> list[str | None]:
     """The hash of each text as the str of its 64 hex digits (None for no
     text), without a function call per text."""
     sha256 = hashlib.sha256
-    return [sha256(text.encode()).hexdigest() if text else None for text in texts]
+    try:
+        return [sha256(text.encode()).hexdigest() if text else None for text in texts]
+    except UnicodeEncodeError as exc:  # a raw payload_text: serialize_payload refuses it first
+        raise _lone_surrogate(exc.object[exc.start]) from None
 
 
 def json_key(name: str) -> str:

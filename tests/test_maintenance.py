@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, Table, create_engine, delete, func, select, update
+from sqlalchemy.orm import Session
 
-from sqla_queue import WorkerBase
+from sqla_queue import QueueClient, WorkerBase
 from sqla_queue.leases import Heartbeat
 from sqla_queue.maintenance import ManualClock, PurgeRoutine
 from sqla_queue.maintenance.lock import routine_lock_for
@@ -411,6 +412,52 @@ def test_mariadb_gives_no_deleted_id_again_after_a_restart(
         assert after > max(given)
     finally:
         engine.dispose()
+
+
+def test_purge_keeps_a_requeued_chain_while_its_dead_task_stays_so_it_is_requeued_once(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """dead_letter_retention (30 days) longer than QUEUE_PURGE_MAX_AGE (1 day):
+    the chain requeued from a dead task is kept as long as the dead-letter run
+    (the evidence that it was requeued), then deleted with it."""
+
+    class Once(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+    class Healed(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            return super().execute({"n": payload["n"]}, task, session)
+
+    [task_id] = enqueue(engine, app, {"fail": "until requeued", "n": 1})
+    drain(Once, engine)
+    with Session(engine) as session, session.begin():
+        [revived] = QueueClient(session, app.Task).requeue_dead(all_dead=True)
+    drain(Healed, engine)
+    assert [(t.dead, t.status) for t in tasks(engine, app)] == [
+        (False, "falha"),
+        (True, "sucesso"),
+        (False, "sucesso"),
+    ]
+    clock = ManualClock(utcnow() + dt.timedelta(days=2))
+    worker = runner(
+        app.RecordingWorker,
+        engine,
+        clock,
+        QUEUE_PURGE_MAX_AGE="1",
+        SQLA_QUEUE_DEAD_LETTER_RETENTION="30",
+    )
+    purge = worker.maintenance.routine("purge")
+    purge.run_once()  # the revived chain is older than 1 day, the dead-letter run than 30 not
+    with Session(engine) as session, session.begin():
+        assert QueueClient(session, app.Task).requeue_dead(all_dead=True) == []
+    assert len(tasks(engine, app)) == 3  # the purge kept the revived chain with the dead one
+    drain(Healed, engine)
+    revived_effects = [note for _, chain, note in effects(engine, app) if chain == revived.new_id]
+    assert revived_effects == ["{'n': 1}"]
+    clock.advance(dt.timedelta(days=30))  # past dead_letter_retention: the whole family goes
+    assert purge.run_once().counts == {"chains": 1, "rows": 3, "chunks": 1, "open_chains_kept": 0}
+    assert tasks(engine, app) == []
+    assert task_id == revived.live_id
 
 
 # ------------------------------------------------------------------ ttl

@@ -10,12 +10,16 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, Engine, Table, delete, func, select
+from sqlalchemy.orm import Session
 
+from sqla_queue import QueueClient
 from sqla_queue.exceptions import SparkJobError
 from sqla_queue.spark import ArchiveHook, archive_chains
 from sqla_queue.spark import archive as archive_module
+from sqla_queue.types import utcnow
 from tests.app import App
 from tests.spark_fixtures import add_chain
+from tests.test_worker import drain, enqueue
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -252,3 +256,38 @@ def test_the_hook_refuses_while_another_archive_holds_the_lock(
     assert len(_ids(engine, table)) == len(made["archived"]) + len(made["kept"])
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(table)).scalar_one() > 0
+
+
+@pytest.mark.parametrize("jdbc_url", ["postgresql"], indirect=True)
+def test_a_requeued_chain_is_archived_and_deleted_with_its_dead_task(
+    spark: Any, jdbc_app: tuple[App, Engine], tmp_path: Path, installed: None
+) -> None:
+    """The chain requeued from a dead task belongs to the dead task's family
+    (its live_id): deleted in the same chunk as the dead-letter run, never
+    before it, so the dead task is not requeued a second time."""
+    app, engine = jdbc_app
+
+    class Once(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+    class Healed(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            return super().execute({"n": payload["n"]}, task, session)
+
+    enqueue(engine, app, {"fail": "until requeued", "n": 1})
+    drain(Once, engine)
+    with Session(engine) as session, session.begin():
+        [revived] = QueueClient(session, app.Task).requeue_dead(all_dead=True)
+    drain(Healed, engine)
+    table = app.Task.__table__
+    every = _ids(engine, table)
+    assert len(every) == 3 and revived.new_id == every[-1]
+    result = archive_chains(
+        spark, engine.url, table, str(tmp_path / "archive"), retention_days=RETENTION_DAYS,
+        now=utcnow() + dt.timedelta(days=RETENTION_DAYS + 1), chunk_families=1,
+    )  # fmt: skip
+    assert (result.families, result.deleted) == (1, 3)
+    assert _archived(spark, tmp_path / "archive") == every
+    assert _ids(engine, table) == []
+    with Session(engine) as session, session.begin():
+        assert QueueClient(session, app.Task).requeue_dead(all_dead=True) == []

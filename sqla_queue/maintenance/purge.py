@@ -1,8 +1,10 @@
 """Purge: old finished chains are deleted, whole, in chunks.
 
-A *chain* here is a task's every row: its attempts (``id_inicial``) and its
-dead-letter run (``live_id``, with the run's own attempts). A chain is
-deleted when none of its rows is open (``agendada``, ``pendente``,
+A *chain* here is a task's every row: its attempts (``id_inicial``), its
+dead-letter run (``live_id``, with the run's own attempts) and the chain
+requeued from that run (``live_id`` too: the run is what says the task was
+requeued, so the two go together, or the task could be requeued again). A
+chain is deleted when none of its rows is open (``agendada``, ``pendente``,
 ``processando``) and its newest row's ``data_hora`` is older than
 ``QUEUE_PURGE_MAX_AGE`` days (chains that went to the dead letter:
 ``dead_letter_retention`` days, when set). Never part of a chain: a retry

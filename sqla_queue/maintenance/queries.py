@@ -44,10 +44,14 @@ FamilyRow = tuple[int, int | None, bool, int | None, str | None, dt.datetime | N
 
 
 def family_key(row: FamilyRow) -> int:
-    """The chain a row belongs to, its dead-letter run included: the first
-    attempt's id (a dead run's rows carry it as ``live_id``)."""
-    task_id, initial_id, dead, live_id = row[0], row[1], row[2], row[3]
-    if dead and live_id is not None:
+    """The family a row belongs to: the first attempt's id of the task it
+    is part of. A dead-letter run's rows carry it as ``live_id``, and so do
+    the rows of a chain requeued from that run (requeue.py): the requeued
+    chain stays with the dead-letter run that says it was requeued, so the
+    purge never deletes one without the other (else the dead task could be
+    requeued again)."""
+    task_id, initial_id, live_id = row[0], row[1], row[3]
+    if live_id is not None:
         return live_id
     return initial_id or task_id
 

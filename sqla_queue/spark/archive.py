@@ -1,13 +1,14 @@
 """Archive before purge: whole chains to a dataset partitioned by day, then deleted.
 
 A **family** is a task's whole history: its chain (first attempt and
-retries, ``coalesce(id_inicial, id)``) and the dead-letter run it started
-(rows with ``dead`` and ``live_id`` pointing at the chain, retries
-included). It is archived and deleted whole or not at all, and only when it
-is closed (no attempt ``agendada``, ``pendente`` or ``processando``) and
-older than the retention (its last due time and last end both before the
-cutoff). All rows of a family go to the day partition of the day it started
-(``day=YYYY-MM-DD``, UTC).
+retries, ``coalesce(id_inicial, id)``), the dead-letter run it started and
+the chain requeued from that run (rows with ``live_id`` pointing at the
+chain, retries included: the dead-letter run is what says the task was
+requeued, so the two are never deleted apart). It is archived and deleted
+whole or not at all, and only when it is closed (no attempt ``agendada``,
+``pendente`` or ``processando``) and older than the retention (its last due
+time and last end both before the cutoff). All rows of a family go to the
+day partition of the day it started (``day=YYYY-MM-DD``, UTC).
 
 The archive is a set of rows keyed by ``id`` (ids are never reused), which
 is what makes every step safe to crash in and every run safe to repeat:
@@ -53,7 +54,6 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    true,
 )
 from sqlalchemy.engine import URL
 
@@ -136,11 +136,12 @@ def _typed(frame: DataFrame, table: Table) -> DataFrame:
 
 
 def _root() -> Column:
-    """A row's family: the chain it belongs to, or for a dead-letter run
-    the live chain it came from."""
+    """A row's family: the chain it belongs to, or for a dead-letter run and
+    a chain requeued from it (both carry ``live_id``) the live chain they
+    came from, as the purge's ``family_key``."""
     from pyspark.sql import functions as F
 
-    return F.when(F.col("dead") & F.col("live_id").isNotNull(), F.col("live_id")).otherwise(
+    return F.when(F.col("live_id").isNotNull(), F.col("live_id")).otherwise(
         F.coalesce("id_inicial", "id")
     )
 
@@ -402,9 +403,14 @@ def _chunks(pairs: Sequence[tuple[int, int]], size: int) -> Iterator[tuple[list[
 
 
 def family_rows(table: Table, roots: Sequence[int]) -> Any:
-    """Every row of the families ``roots`` (chains and their dead-letter runs)."""
+    """Every row of the families ``roots`` (chains, their dead-letter runs
+    and the chains requeued from those), and no other family's: a requeued
+    chain's own first attempt is not a root."""
     c = table.c
-    return or_(func.coalesce(c.id_inicial, c.id).in_(list(roots)), c.live_id.in_(list(roots)))
+    return or_(
+        and_(c.live_id.is_(None), func.coalesce(c.id_inicial, c.id).in_(list(roots))),
+        c.live_id.in_(list(roots)),
+    )
 
 
 def _delete_chunk(engine: Any, table: Table, roots: list[int], ids: list[int]) -> int:
@@ -477,8 +483,7 @@ class ArchiveHook:
             # alone: a row's day is its family's, whoever archives it
             c = table.c
             root = case(
-                (and_(c.dead == true(), c.live_id.is_not(None)), c.live_id),
-                else_=func.coalesce(c.id_inicial, c.id),
+                (c.live_id.is_not(None), c.live_id), else_=func.coalesce(c.id_inicial, c.id)
             )
             roots = (
                 conn.execute(select(root).where(family_rows(table, chain_ids)).distinct())
