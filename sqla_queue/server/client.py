@@ -113,6 +113,8 @@ class ServerConnection:
             raise ServerRefused(f"{self.where} is not a sqla-queue server")
         self.send({"op": "auth", "mac": mac(secret, nonce), "client": client_name})
         ready = self.receive(first_byte_timeout=self.timeout)
+        if ready["op"] == "error" and ready.get("retry") is True:  # full: try again later
+            raise ServerUnavailable(f"the queue server at {self.where}: {ready.get('error')}")
         if ready["op"] != "ready":
             raise ServerRefused(
                 f"the queue server at {self.where} refused this client: {ready.get('error')} "
