@@ -500,4 +500,11 @@ class ServerSettings:
                 f"SQLA_QUEUE_SERVER_SECRET {problem}: the queue server and its clients need "
                 f"the same secret of at least {SECRET_MIN_LENGTH} characters"
             )
-        return secret.encode()
+        try:
+            return secret.encode()
+        except UnicodeEncodeError:
+            # bytes that are not UTF-8 in the environment arrive as lone surrogates
+            raise ConfigurationError(
+                "SQLA_QUEUE_SERVER_SECRET is not valid UTF-8: use printable text, for example "
+                "the output of `openssl rand -hex 32`"
+            ) from None
