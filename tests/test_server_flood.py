@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine
 
 from sqla_queue.server import ServerRoutineLock, ServerWakeups, notify_queue
-from sqla_queue.server.admission import Admission, RefusalLog, address_key
+from sqla_queue.server.admission import PER_ADDRESS, TOTAL, Admission, RefusalLog, address_key
 from sqla_queue.server.protocol import HEADER, MAX_BODY_BYTES, body_length, decode_body
 from tests.app import build
 from tests.conftest import fuzz_examples, wait_until
@@ -375,18 +375,18 @@ def test_strangers_over_a_cap_drop_the_oldest_of_the_address_that_holds_the_most
     assert admission.admit("a", "a1") == []
     assert admission.admit("a", "a2") == []
     assert admission.admit("a", "a3") == []
-    assert admission.admit("a", "a4") == [("a1", "too many strangers from its address")]
+    assert admission.admit("a", "a4") == [("a1", PER_ADDRESS)]
     assert admission.admit("b", "b1") == []
     assert admission.admit("b", "b2") == []  # five in all
     # one more: the heaviest address (a) gives up its oldest, never b's
-    assert admission.admit("c", "c1") == [("a2", "too many strangers")]
+    assert admission.admit("c", "c1") == [("a2", TOTAL)]
     assert admission.leave("b", "b1") and not admission.leave("b", "b1")
     assert len(admission) == 4
     # every address down to one each: the longest present goes first
     small: Admission[str] = Admission(max_total=2, max_per_address=2)
     small.admit("x", "x1")
     small.admit("y", "y1")
-    assert small.admit("z", "z1") == [("x1", "too many strangers")]
+    assert small.admit("z", "z1") == [("x1", TOTAL)]
 
 
 def test_an_ipv6_host_counts_as_its_slash_64() -> None:

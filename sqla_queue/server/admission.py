@@ -30,10 +30,16 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-__all__ = ["Admission", "RefusalLog", "address_key"]
+__all__ = ["PER_ADDRESS", "TOTAL", "Admission", "RefusalLog", "address_key"]
 
 #: seconds between two summary lines of refused strangers
 REFUSAL_LOG_INTERVAL_SECONDS = 10.0
+#: why a stranger was dropped to make room
+PER_ADDRESS = (
+    "too many unauthenticated connections from its address "
+    "(SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED_PER_ADDRESS)"
+)
+TOTAL = "too many unauthenticated connections (SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED)"
 
 _T = TypeVar("_T", bound=Hashable)
 
@@ -76,10 +82,10 @@ class Admission(Generic[_T]):
         self._count += 1
         dropped: list[tuple[_T, str]] = []
         if len(waiting) > self.max_per_address:
-            dropped.append((self._pop_oldest(address), "too many strangers from its address"))
+            dropped.append((self._pop_oldest(address), PER_ADDRESS))
         while self._count > self.max_total:
             heaviest = max(self._by_address, key=lambda key: len(self._by_address[key]))
-            dropped.append((self._pop_oldest(heaviest), "too many strangers"))
+            dropped.append((self._pop_oldest(heaviest), TOTAL))
         return dropped
 
     def leave(self, address: str, stranger: _T) -> bool:
@@ -119,7 +125,10 @@ class RefusalLog:
         self._since: float | None = None  # the start of the current interval
         self._counts: Counter[str] = Counter()
 
-    def note(self, peer: str, reason: str) -> None:
+    def note(self, peer: str, reason: str, *, kind: str | None = None) -> None:
+        """A refusal of ``peer`` for ``reason``; counted under ``kind`` (by
+        default the reason: give a bounded set of kinds, the summary line
+        lists them all)."""
         self.flush()
         if self._since is None:
             self._since = self.clock()
@@ -130,7 +139,7 @@ class RefusalLog:
                 self.interval_seconds,
             )
         else:
-            self._counts[reason] += 1
+            self._counts[kind or reason] += 1
 
     def flush(self, *, force: bool = False) -> None:
         """At the end of an interval (or when ``force``-d), one line with

@@ -79,6 +79,9 @@ MAX_LOCKS_PER_CLIENT = 10_000
 #: stops this long: the connections waiting meanwhile stay in the backlog
 ACCEPT_PAUSE_SECONDS = 0.5
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_NOT_AUTHENTICATED, _AUTHENTICATION_FAILED = "authenticate first", "authentication failed"
+#: counted apart in the refusal log; the other protocol errors together
+_AUTHENTICATION_ERRORS = frozenset({_NOT_AUTHENTICATED, _AUTHENTICATION_FAILED})
 NOTIFY, LOCK = "notify", "lock"
 _OPS = {
     NOTIFY: frozenset({"lock", "unlock", "subscribe", "notify", "ping"}),
@@ -314,7 +317,10 @@ class QueueServer:
         """Count a new connection in, as a stranger, and start serving it;
         drop whom the caps say."""
         host = str(address[0]) if isinstance(address, tuple) else str(address)
-        peer = f"{host}:{address[1]}" if isinstance(address, tuple) else host
+        if isinstance(address, tuple):
+            peer = f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+        else:
+            peer = host
         stranger = _Stranger(sock, peer, address_key(host))
         _keepalive(sock, self.settings.keepalive_seconds)
         stranger.task = self._spawn(self._serve(stranger, port))
@@ -336,6 +342,7 @@ class QueueServer:
         if stranger.dropped is None and stranger.task is not None:
             stranger.dropped = reason
             stranger.task.cancel()
+            self.refusals.note(stranger.peer, reason)
 
     def _welcomed(self, stranger: _Stranger) -> None:
         """No longer a stranger: authenticated, or gone."""
@@ -374,7 +381,8 @@ class QueueServer:
             self.refusals.note(client.peer, "the server is full (MAX_CLIENT_THREADS)")
             client.push(_FULL)
         except ProtocolError as exc:
-            self.refusals.note(client.peer, str(exc))
+            kind = str(exc) if str(exc) in _AUTHENTICATION_ERRORS else "broke the protocol"
+            self.refusals.note(client.peer, str(exc), kind=kind)
             with contextlib.suppress(Exception):
                 client.push({"op": "error", "error": str(exc)})
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
@@ -398,7 +406,6 @@ class QueueServer:
         except asyncio.CancelledError:
             if stranger.dropped is None:
                 raise  # the server is stopping
-            self.refusals.note(stranger.peer, stranger.dropped)
             if stranger.client is not None:
                 with contextlib.suppress(Exception):
                     stranger.client.push({"op": "error", "error": stranger.dropped})
@@ -465,11 +472,11 @@ class QueueServer:
         message = await self._read_rest(client, b"")
         answer = message.get("mac")
         if message["op"] != "auth" or not isinstance(answer, str):
-            raise ProtocolError("authenticate first")
+            raise ProtocolError(_NOT_AUTHENTICATED)
         expected = mac(self._secret, nonce)
         # compare_digest takes ASCII text only: anything else is a wrong answer
         if not (answer.isascii() and hmac.compare_digest(answer, expected)):
-            raise ProtocolError("authentication failed")
+            raise ProtocolError(_AUTHENTICATION_FAILED)
         name = message.get("client")
         client.name = name[:100] if isinstance(name, str) and name.isprintable() else "?"
 
