@@ -782,8 +782,7 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "timeout_socket_message",
         _SOCKET,
-        "Both sides: seconds a frame may take to arrive whole, a client to authenticate, a reply "
-        "to come.",
+        "Both sides: seconds a frame may take to arrive whole, a reply to come.",
         env=("TIMEOUT_SOCKET_MESSAGE",),
         default=5,
         resolved=False,
@@ -791,9 +790,38 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "max_client_threads",
         _SOCKET,
-        "Server: connections served at once (the seed's listen backlog; here a real bound).",
+        "Server: authenticated connections served at once (the seed's listen backlog; here a "
+        "real bound).",
         env=("MAX_CLIENT_THREADS",),
         default=50,
+        resolved=False,
+    ),
+    _s(
+        "server_max_unauthenticated",
+        _SOCKET,
+        "Server: connections not yet authenticated (TLS handshake included), in all; they do not "
+        "count against `MAX_CLIENT_THREADS`. Over the cap, the oldest of the address that holds "
+        "the most is dropped.",
+        env=("SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED",),
+        default=64,
+        resolved=False,
+    ),
+    _s(
+        "server_max_unauthenticated_per_address",
+        _SOCKET,
+        "Server: connections not yet authenticated from one address (an IPv6 /64 is one); over "
+        "it, that address's oldest is dropped.",
+        env=("SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED_PER_ADDRESS",),
+        default=16,
+        resolved=False,
+    ),
+    _s(
+        "server_auth_timeout",
+        _SOCKET,
+        "Server: seconds a connection has, from its accept, to finish its TLS handshake and "
+        "authenticate.",
+        env=("SQLA_QUEUE_SERVER_AUTH_TIMEOUT",),
+        default=3,
         resolved=False,
     ),
     _s(

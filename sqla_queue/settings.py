@@ -402,6 +402,8 @@ class TenantSettings:
 SOCKET_SECONDS = Range(0, 3600, low_open=True, unit="seconds")
 #: clients the server serves at once (the seed's MAX_CLIENT_THREADS)
 MAX_CLIENTS = Range(1, 100_000, integer=True)
+#: connections that have not authenticated yet, in all and from one address
+MAX_UNAUTHENTICATED = Range(1, 100_000, integer=True)
 #: seconds between the server's looks at the queue (the seed's CHECK_TASKS_INTERVAL)
 CHECK_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
 #: seconds a connection may stay silent before its peer is probed
@@ -420,7 +422,13 @@ class ServerSettings:
     which was the lock service's select() timeout: here it is how long a
     connection may stay silent before the server and the clients probe the
     peer (TCP keepalive and pings), so a peer that vanished without closing
-    its socket loses its locks within about twice this."""
+    its socket loses its locks within about twice this.
+
+    ``max_clients`` bounds the *authenticated* connections; the ones still
+    in their TLS handshake or authentication have caps of their own
+    (``max_unauthenticated`` in all, ``max_unauthenticated_per_address``
+    from one address) and ``auth_timeout_seconds`` from their accept to
+    authenticate (docs/client-server.md, "Strangers")."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -428,6 +436,9 @@ class ServerSettings:
     lock_port: int = 8970
     message_timeout_seconds: float = 5.0
     max_clients: int = 50
+    max_unauthenticated: int = 64
+    max_unauthenticated_per_address: int = 16
+    auth_timeout_seconds: float = 3.0
     check_tasks_interval_seconds: float = 15.0
     keepalive_seconds: float = 30.0
     secret: str | None = field(default=None, repr=False)
@@ -452,6 +463,20 @@ class ServerSettings:
             lock_port=int(_number(env, "LOCK_SERVICE_PORT", 8970, PORT)),
             message_timeout_seconds=_number(env, "TIMEOUT_SOCKET_MESSAGE", 5.0, SOCKET_SECONDS),
             max_clients=int(_number(env, "MAX_CLIENT_THREADS", 50, MAX_CLIENTS)),
+            max_unauthenticated=int(
+                _number(env, "SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED", 64, MAX_UNAUTHENTICATED)
+            ),
+            max_unauthenticated_per_address=int(
+                _number(
+                    env,
+                    "SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED_PER_ADDRESS",
+                    16,
+                    MAX_UNAUTHENTICATED,
+                )
+            ),
+            auth_timeout_seconds=_number(
+                env, "SQLA_QUEUE_SERVER_AUTH_TIMEOUT", 3.0, SOCKET_SECONDS
+            ),
             check_tasks_interval_seconds=_number(env, "CHECK_TASKS_INTERVAL", 15.0, CHECK_SECONDS),
             keepalive_seconds=_number(
                 env, "LOCK_SERVICE_WAIT_CONN_INTERVAL", 30.0, KEEPALIVE_SECONDS
@@ -467,7 +492,7 @@ class ServerSettings:
         return settings
 
     def secret_bytes(self) -> bytes:
-        """The shared secret, or one line saying how to set it."""
+        """The shared secret, or one line saying how to set it (never its value)."""
         secret = self.secret or ""
         if len(secret) < SECRET_MIN_LENGTH:
             problem = "is not set" if not secret else "is too short"
@@ -475,4 +500,11 @@ class ServerSettings:
                 f"SQLA_QUEUE_SERVER_SECRET {problem}: the queue server and its clients need "
                 f"the same secret of at least {SECRET_MIN_LENGTH} characters"
             )
-        return secret.encode()
+        try:
+            return secret.encode()
+        except UnicodeEncodeError:
+            # bytes that are not UTF-8 in the environment arrive as lone surrogates
+            raise ConfigurationError(
+                "SQLA_QUEUE_SERVER_SECRET is not valid UTF-8: use printable text, for example "
+                "the output of `openssl rand -hex 32`"
+            ) from None

@@ -9,6 +9,7 @@ by a thread so a full pipe never stalls it.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -16,8 +17,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from sqla_queue.server import ServerConnection, ServerUnavailable
+from sqla_queue.server.protocol import HEADER, body_length, decode_body, encode, mac
 from sqla_queue.settings import ServerSettings
 from tests.conftest import spawn_cli, wait_until
 
@@ -41,9 +45,10 @@ class ServerProcess:
         self.url = url
         self.notify_port = free_port()
         self.lock_port = free_port()
+        #: the server's secret (the next start's, when changed); the clients' too
+        self.secret = SECRET
         self.server_env = {
             "SQLA_QUEUE_TEST_TABLE": table,
-            "SQLA_QUEUE_SERVER_SECRET": SECRET,
             "TIMEOUT_SOCKET_MESSAGE": MESSAGE_TIMEOUT,
             "CHECK_TASKS_INTERVAL": "0.2",
             **env,
@@ -57,7 +62,7 @@ class ServerProcess:
             enabled=True,
             notify_port=self.notify_port,
             lock_port=self.lock_port,
-            secret=SECRET,
+            secret=self.secret,
             message_timeout_seconds=float(MESSAGE_TIMEOUT),
             tls=self.tls_ca is not None,
             tls_ca=self.tls_ca,
@@ -70,7 +75,7 @@ class ServerProcess:
             "SERVER_HOST": "127.0.0.1",
             "NOTIFY_SERVICE_PORT": str(self.notify_port),
             "LOCK_SERVICE_PORT": str(self.lock_port),
-            "SQLA_QUEUE_SERVER_SECRET": SECRET,
+            "SQLA_QUEUE_SERVER_SECRET": self.secret,
             **extra,
         }
 
@@ -89,7 +94,7 @@ class ServerProcess:
             str(self.notify_port),
             "--lock-port",
             str(self.lock_port),
-            env=self.server_env,
+            env={**self.server_env, "SQLA_QUEUE_SERVER_SECRET": self.secret},
         )
         proc = self.proc
         threading.Thread(target=self._read, args=(proc,), daemon=True).start()
@@ -114,6 +119,11 @@ class ServerProcess:
         except ServerUnavailable:
             return False
         return True
+
+    def open_files(self) -> int:
+        """How many file descriptors the server process holds now."""
+        assert self.proc is not None
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -160,3 +170,65 @@ def read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
             return bytes(data)
         data += chunk
     raise AssertionError(f"the server did not close the connection within {timeout} s")
+
+
+# --------------------------------------------------------------------- raw clients
+def receive(sock: socket.socket) -> dict[str, Any]:
+    header = _exact(sock, HEADER.size)
+    return decode_body(_exact(sock, body_length(header)))
+
+
+def _exact(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def authenticated(port: int) -> socket.socket:
+    """A raw socket past the handshake."""
+    sock = raw_socket(port)
+    challenge = receive(sock)
+    sock.sendall(encode({"op": "auth", "mac": mac(SECRET.encode(), challenge["nonce"])}))
+    assert receive(sock)["op"] == "ready"
+    return sock
+
+
+def error_then_close(sock: socket.socket) -> str:
+    """The error the server sends before it closes the connection."""
+    data = read_until_closed(sock)
+    length = body_length(data[: HEADER.size])
+    return str(decode_body(data[HEADER.size : HEADER.size + length])["error"])
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    cert, key = directory / "server.crt", directory / "server.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

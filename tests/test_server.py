@@ -10,7 +10,10 @@ quickly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime as dt
+import logging
 import socket
 import struct
 import subprocess
@@ -18,23 +21,34 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from sqla_queue import QueueClient
+from sqla_queue.maintenance import Maintenance, ManualClock, RoutineResult
+from sqla_queue.maintenance.timing import Every
 from sqla_queue.server import (
     ServerConnection,
     ServerRefused,
     ServerRoutineLock,
     ServerUnavailable,
 )
-from sqla_queue.server.protocol import HEADER, MAX_BODY_BYTES, body_length, decode_body, encode, mac
+from sqla_queue.server.protocol import MAX_BODY_BYTES, encode, mac
 from sqla_queue.settings import ServerSettings
 from tests.app import App, build
 from tests.conftest import run_cli, server_url, spawn_cli, wait_until
-from tests.queue_server import SECRET, ServerProcess, raw_socket, read_until_closed, running_server
+from tests.queue_server import (
+    SECRET,
+    ServerProcess,
+    authenticated,
+    error_then_close,
+    make_certificate,
+    raw_socket,
+    read_until_closed,
+    receive,
+    running_server,
+)
 
 RECORDING = "tests.app:RecordingWorker"
 
@@ -58,7 +72,14 @@ def mariadb() -> Iterator[tuple[Engine, App, str]]:
 @pytest.fixture(scope="module")
 def server(mariadb: tuple[Engine, App, str]) -> Iterator[ServerProcess]:
     _, app, url = mariadb
-    with running_server(RECORDING, url, app.Task.__table__.name, MAX_CLIENT_THREADS="100") as s:
+    # fifty clients of one address authenticate at once in a test below
+    with running_server(
+        RECORDING,
+        url,
+        app.Task.__table__.name,
+        MAX_CLIENT_THREADS="100",
+        SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED_PER_ADDRESS="64",
+    ) as s:
         yield s
 
 
@@ -69,38 +90,7 @@ def _server_survives(request: pytest.FixtureRequest) -> Iterator[None]:
         assert request.getfixturevalue("server").answers()
 
 
-# --------------------------------------------------------------------- raw clients
-def receive(sock: socket.socket) -> dict[str, Any]:
-    header = _exact(sock, HEADER.size)
-    return decode_body(_exact(sock, body_length(header)))
-
-
-def _exact(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
-
-
-def authenticated(port: int) -> socket.socket:
-    """A raw socket past the handshake."""
-    sock = raw_socket(port)
-    challenge = receive(sock)
-    sock.sendall(encode({"op": "auth", "mac": mac(SECRET.encode(), challenge["nonce"])}))
-    assert receive(sock)["op"] == "ready"
-    return sock
-
-
-def error_then_close(sock: socket.socket) -> str:
-    """The error the server sends before it closes the connection."""
-    data = read_until_closed(sock)
-    length = body_length(data[: HEADER.size])
-    return str(decode_body(data[HEADER.size : HEADER.size + length])["error"])
-
-
+# --------------------------------------------------------------------- helpers
 def lock(conn: ServerConnection, name: str) -> bool:
     return bool(conn.request("lock", name=name)["granted"])
 
@@ -218,7 +208,7 @@ def test_slow_client_sending_a_byte_at_a_time_is_dropped(server: ServerProcess) 
 def test_silent_unauthenticated_client_is_dropped(server: ServerProcess) -> None:
     with raw_socket(server.notify_port) as sock:
         assert receive(sock)["op"] == "challenge"
-        assert "too slowly" in error_then_close(sock)
+        assert "did not authenticate within 3 s" in error_then_close(sock)
 
 
 def test_wrong_secret_is_refused_and_disconnected(server: ServerProcess) -> None:
@@ -304,6 +294,140 @@ def test_routine_lock_grants_nothing_when_the_server_is_away() -> None:
     routine = ServerRoutineLock(away)
     assert routine.try_acquire("purge") is False
     routine.release("purge")  # nothing held: nothing to do, no error
+
+
+class _CountingRoutine:
+    """A routine that counts its rounds, every minute."""
+
+    name = "counting"
+    schedule = Every(60)
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def run_once(self, *, dry_run: bool = False) -> RoutineResult:
+        self.rounds += 1
+        return RoutineResult(self.name)
+
+
+class _GarbageServer:
+    """Something on the lock port that is not a queue server: it answers
+    every connection with an HTTP error and closes it."""
+
+    def __init__(self, port: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
+        self.listener.close()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("fault", ["rotated-secret", "not-a-queue-server"])
+def test_a_routine_outlives_a_lock_server_that_refuses_it_and_runs_once_it_is_fixed(
+    mariadb: tuple[Engine, App, str], fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, app, url = mariadb
+    server = ServerProcess(RECORDING, url, app.Task.__table__.name)
+    routine_lock = ServerRoutineLock(server.settings, client_name="routines")
+    routine = _CountingRoutine()
+    clock = ManualClock(dt.datetime(2030, 1, 1, 0, 0, 30, tzinfo=dt.timezone.utc))
+    maintenance = Maintenance([routine], routine_lock, clock=clock)  # type: ignore[list-item]
+    garbage = None
+    if fault == "rotated-secret":  # the server came back with another secret
+        server.secret = "rotated-secret-0123456789"
+        server.start()
+    else:
+        garbage = _GarbageServer(server.lock_port)
+    maintenance.start()
+    [thread] = maintenance._threads
+    try:
+        for _ in range(2):  # refused twice: the thread lives on, the routine waits
+            slot = clock.advance(60).replace(second=0)
+            wait_until(
+                lambda slot=slot: maintenance.considered("counting") == slot,
+                message=f"the routine thread to deal with slot {slot}",
+            )
+            assert thread.is_alive()
+        assert routine.rounds == 0
+        if garbage is not None:
+            garbage.close()
+        server.kill()
+        server.secret = SECRET  # fixed
+        server.start()
+        slot = clock.advance(60).replace(second=0)
+        wait_until(lambda: routine.rounds == 1, message="the routine to run once fixed")
+        assert thread.is_alive()
+    finally:
+        maintenance.stop()
+        server.kill()
+        if garbage is not None:
+            garbage.close()
+    lines = [r for r in caplog.records if r.name.startswith("sqla_queue")]
+    # one line for the outage (two refused slots), without a traceback or the secret
+    refusals = [
+        r.getMessage()
+        for r in lines
+        if r.levelno >= logging.WARNING and "routine lock counting" in r.getMessage()
+    ]
+    assert len(refusals) == 1, [r.getMessage() for r in lines]
+    expected = "authentication failed" if fault == "rotated-secret" else "bad magic"
+    assert expected in refusals[0]
+    assert all(r.exc_info is None for r in lines)
+    assert not any(SECRET in r.getMessage() or "rotated" in r.getMessage() for r in lines)
+
+
+class _RaisingLock:
+    """A routine lock that raises at its first take and its first release."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def try_acquire(self, name: str) -> bool:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("the lock broke")
+        return True
+
+    def release(self, name: str) -> None:
+        if self.calls == 2:
+            raise RuntimeError("the release broke")
+
+
+def test_a_routine_lock_that_raises_never_ends_the_routine_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    routine = _CountingRoutine()
+    clock = ManualClock(dt.datetime(2030, 1, 1, 0, 0, 30, tzinfo=dt.timezone.utc))
+    maintenance = Maintenance([routine], _RaisingLock(), clock=clock)  # type: ignore[list-item]
+    maintenance.start()
+    [thread] = maintenance._threads
+    try:
+        for rounds in (0, 1, 2):  # raises on take; runs (release raises next); runs
+            slot = clock.advance(60).replace(second=0)
+            wait_until(
+                lambda slot=slot: maintenance.considered("counting") == slot,
+                message=f"the routine thread to deal with slot {slot}",
+            )
+            assert routine.rounds == rounds
+            assert thread.is_alive()
+    finally:
+        maintenance.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name == "sqla_queue.maintenance"]
+    assert any("the lock broke" in m for m in messages), messages
+    assert any("the release broke" in m for m in messages), messages
 
 
 # --------------------------------------------------------------------- capacity
@@ -396,32 +520,7 @@ def _done(engine: Engine, app: App, ids: list[int]) -> bool:
 # --------------------------------------------------------------------- TLS
 @pytest.fixture
 def certificate(tmp_path: Path) -> tuple[Path, Path]:
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+    return make_certificate(tmp_path)
 
 
 def test_tls_server_serves_verified_clients_and_survives_plain_ones(
@@ -507,3 +606,32 @@ def test_server_stops_on_sigterm_and_frees_everything(mariadb: tuple[Engine, App
     conn.close()
     assert "serving queue" in server.output
     assert SECRET not in server.output
+
+
+# --------------------------------------------------------------------- odd text
+@pytest.mark.parametrize("command", ["server", "worker"])
+def test_a_secret_that_is_not_utf8_is_one_line_naming_the_variable(command: str) -> None:
+    # bytes 0xff 0xfe in the environment: Python reads them as lone surrogates
+    secret = "not-utf8-\udcff\udcfe-0123456789abcdef"
+    env = {
+        "SQLA_QUEUE_SERVER_SECRET": secret,
+        "CLIENT_SERVER_MODE": "true",
+        "QUEUE_TABLE": "fila_x",
+        "SQLA_QUEUE_TEST_TABLE": "fila_x",
+    }
+    args = ["server"] if command == "server" else ["worker", RECORDING]
+    proc = run_cli(*args, "--url", "sqlite:///:memory:", env=env, check=False, timeout=60)
+    assert_one_line_error(proc, "Error: SQLA_QUEUE_SERVER_SECRET is not valid UTF-8")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "not-utf8" not in proc.stdout + proc.stderr
+
+
+def test_a_lone_surrogate_in_the_answer_is_a_failed_authentication(server: ServerProcess) -> None:
+    logged = len(server.output)
+    with raw_socket(server.lock_port) as sock:
+        receive(sock)
+        sock.sendall(encode({"op": "auth", "mac": "\ud800" * 64, "client": "\udfff"}))
+        assert error_then_close(sock) == "authentication failed"
+    assert_served(server)
+    assert "unexpected" not in server.output[logged:]
+    assert " ERROR " not in server.output[logged:]

@@ -34,6 +34,9 @@ __all__ = ["Maintenance", "SlotRun"]
 
 logger = logging.getLogger("sqla_queue.maintenance")
 
+#: after an unexpected error in a routine's thread, it waits this long
+ERROR_PAUSE_SECONDS = 5.0
+
 
 @dataclass(frozen=True)
 class SlotRun:
@@ -105,28 +108,58 @@ class Maintenance:
             return self._considered.get(name)
 
     def _loop(self, routine: Routine) -> None:
+        """One routine's thread. No error ends it, only :meth:`stop`: a lock
+        that fails (the database or the queue server away, a server that
+        refuses this worker) grants nothing and the routine skips the slot;
+        any other error is logged and the next slot tries again."""
         name, schedule = routine.name, routine.schedule
         last = schedule.slot_at(self.clock.now())
         holding = False
         try:
-            while not self.clock.wait_until(schedule.next_after(last), self._stop):
-                slot = schedule.slot_at(self.clock.now())
-                if slot <= last:  # the clock went back: wait for the slot after
-                    continue
-                last = slot
-                if holding:
-                    self.lock.release(name)
-                    holding = False
-                if self.lock.try_acquire(name):
-                    holding = True
-                    self._run(routine, slot)
-                with self._changed:
-                    self._considered[name] = slot
-                    self._changed.notify_all()
+            while not self._stop.is_set():
+                try:
+                    if self.clock.wait_until(schedule.next_after(last), self._stop):
+                        break
+                    slot = schedule.slot_at(self.clock.now())
+                    if slot <= last:  # the clock went back: wait for the slot after
+                        continue
+                    last = slot
+                    holding = self._turn(routine, slot, holding)
+                except Exception as exc:  # a bug of ours, most likely: not the thread's end
+                    logger.error(
+                        "maintenance %s: unexpected %s; trying again in %g s",
+                        name,
+                        describe_error(exc),
+                        ERROR_PAUSE_SECONDS,
+                    )
+                    if self._stop.wait(ERROR_PAUSE_SECONDS):
+                        break
         finally:
             if holding:
-                with contextlib.suppress(Exception):
-                    self.lock.release(name)
+                self._release(name)
+
+    def _turn(self, routine: Routine, slot: dt.datetime, holding: bool) -> bool:
+        """The slot's turn: the last slot's lock given back, this one's
+        taken and the routine run if it was; whether the lock is held."""
+        if holding:
+            self._release(routine.name)
+            holding = False
+        try:
+            holding = self.lock.try_acquire(routine.name)
+        except Exception as exc:  # a lock must say False, but one that raises is no lock
+            logger.warning("routine lock %s not taken: %s", routine.name, describe_error(exc))
+        if holding:
+            self._run(routine, slot)
+        with self._changed:
+            self._considered[routine.name] = slot
+            self._changed.notify_all()
+        return holding
+
+    def _release(self, name: str) -> None:
+        try:
+            self.lock.release(name)
+        except Exception as exc:  # the lock dies with its connection anyway
+            logger.warning("routine lock %s not released: %s", name, describe_error(exc))
 
     def _run(self, routine: Routine, slot: dt.datetime) -> None:
         try:
@@ -143,4 +176,9 @@ class Maintenance:
         run = SlotRun(routine.name, slot, result)
         self.history.append(run)
         if self.on_result is not None:
-            self.on_result(run)
+            try:
+                self.on_result(run)
+            except Exception as exc:
+                logger.warning(
+                    "maintenance %s: on_result failed: %s", routine.name, describe_error(exc)
+                )

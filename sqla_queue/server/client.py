@@ -113,6 +113,8 @@ class ServerConnection:
             raise ServerRefused(f"{self.where} is not a sqla-queue server")
         self.send({"op": "auth", "mac": mac(secret, nonce), "client": client_name})
         ready = self.receive(first_byte_timeout=self.timeout)
+        if ready["op"] == "error" and ready.get("retry") is True:  # full: try again later
+            raise ServerUnavailable(f"the queue server at {self.where}: {ready.get('error')}")
         if ready["op"] != "ready":
             raise ServerRefused(
                 f"the queue server at {self.where} refused this client: {ready.get('error')} "
@@ -312,13 +314,20 @@ class ServerRoutineLock:
     Satisfies the ``RoutineLock`` protocol (``sqla_queue.maintenance.lock``)
     structurally. One connection, opened on first use and shared by the
     process's routines; a lock lives as long as that connection, so a
-    process that dies frees its routines' locks at once."""
+    process that dies frees its routines' locks at once.
+
+    No error of the server's escapes: one that cannot be reached, refuses
+    this client (a rotated secret) or breaks the protocol grants nothing,
+    the routine skips its turn and the next turn tries again on a fresh
+    connection. It is logged once per outage (one line, then DEBUG until a
+    lock is granted again)."""
 
     def __init__(self, settings: ServerSettings, *, client_name: str = "routines") -> None:
         self.settings = settings
         self.client_name = client_name
         self._conn: ServerConnection | None = None
         self._mutex = threading.Lock()
+        self._failing = False
 
     def try_acquire(self, name: str) -> bool:
         lock_name(name)  # a bad name is the caller's mistake, not the server's
@@ -331,12 +340,23 @@ class ServerRoutineLock:
                         self._conn = ServerConnection.open(
                             self.settings, self.settings.lock_port, client_name=self.client_name
                         )
-                    return bool(self._conn.request("lock", name=name).get("granted"))
+                    granted = bool(self._conn.request("lock", name=name).get("granted"))
                 except ServerUnavailable as exc:
                     self._drop()
                     if fresh:
-                        logger.warning("routine lock %s not taken: %s", name, exc)
+                        self._failed(name, exc)
                         return False
+                except Exception as exc:  # refused, or not a queue server: not this turn
+                    self._drop()
+                    self._failed(name, exc)
+                    return False
+                else:
+                    if self._failing:
+                        logger.info(
+                            "routine locks: the queue server at %s grants again", self.where
+                        )
+                    self._failing = False
+                    return granted
             return False  # not reached: the second pass returns
 
     def release(self, name: str) -> None:
@@ -345,12 +365,23 @@ class ServerRoutineLock:
                 return  # the connection went, and the lock with it
             try:
                 self._conn.request("unlock", name=lock_name(name))
-            except ServerUnavailable:
+            except Exception as exc:  # the lock goes with the connection
+                logger.debug("routine lock %s release: %s", name, describe_error(exc))
                 self._drop()
 
     def close(self) -> None:
         with self._mutex:
             self._drop()
+
+    @property
+    def where(self) -> str:
+        return f"{self.settings.host}:{self.settings.lock_port}"
+
+    def _failed(self, name: str, exc: Exception) -> None:
+        # once per outage, not once per routine and slot
+        log = logger.debug if self._failing else logger.warning
+        log("routine lock %s not taken: %s", name, describe_error(exc))
+        self._failing = True
 
     def _drop(self) -> None:
         if self._conn is not None:

@@ -29,6 +29,10 @@ the next connection. The server compares in constant time
     client: {"op": "ping", "id": N}
     server: {"op": "reply", "id": N, ...}  or  {"op": "error", "id": N, "error": TEXT}
     server: {"op": "wake", "queue": CHANNEL}   (pushed to subscribers)
+
+An ``error`` frame instead of ``challenge`` or ``ready`` refuses the
+connection; with ``"retry": true`` the server is only full (try again
+later), else the client is refused (a wrong secret, a broken frame).
 """
 
 from __future__ import annotations

@@ -18,12 +18,22 @@ reference freed lock-port locks never, and let anyone release anyone's).
 What a client sends can cost that client its connection and nothing else:
 a frame that is not the protocol's, too big, or that does not arrive whole
 within ``TIMEOUT_SOCKET_MESSAGE`` (a slow or partial sender) is answered
-with an ``error`` frame and the connection is closed; an unauthenticated
-client gets ``TIMEOUT_SOCKET_MESSAGE`` to authenticate, and a wrong answer
-closes it. A client that does not read what it is sent is dropped once its
-unread output passes :data:`MAX_UNREAD_BYTES`. At most ``MAX_CLIENT_THREADS``
-clients are served at once; the next one is told so and closed. Every error
-in a connection's handler ends that connection, never the server.
+with an ``error`` frame and the connection is closed. A client that does
+not read what it is sent is dropped once its unread output passes
+:data:`MAX_UNREAD_BYTES`. Every error in a connection's handler ends that
+connection, never the server.
+
+Until it authenticates, a connection is a *stranger* (``admission.py``):
+counted from its accept, before any TLS handshake, against caps of its own
+(``SQLA_QUEUE_SERVER_MAX_UNAUTHENTICATED``, in all and per address), given
+``SQLA_QUEUE_SERVER_AUTH_TIMEOUT`` seconds in all, and logged, when refused,
+in one line per interval however many there are. So strangers never take
+the places of workers: ``MAX_CLIENT_THREADS`` bounds the authenticated
+connections alone, and a flood of strangers neither keeps a worker out nor
+exhausts the file descriptors. To count a connection before its TLS
+handshake the server accepts connections itself and starts TLS on each
+(``loop.connect_accepted_socket``); ``asyncio.start_server`` would run the
+handshake before it told anyone the connection existed.
 
 The server holds nothing that a worker needs to get back after a restart:
 claims are exclusive in the database, and in client-server mode the rescue
@@ -35,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import errno
 import hmac
 import logging
 import secrets
@@ -46,6 +56,7 @@ from typing import Any
 
 from ..redaction import describe_error
 from ..settings import ServerSettings
+from .admission import REFUSAL_LOG_INTERVAL_SECONDS, Admission, RefusalLog, address_key
 from .protocol import (
     HEADER,
     ProtocolError,
@@ -64,6 +75,13 @@ logger = logging.getLogger("sqla_queue.server")
 MAX_UNREAD_BYTES = 64 * 1024
 #: locks one connection may hold (memory is bounded per client)
 MAX_LOCKS_PER_CLIENT = 10_000
+#: when the process is out of file descriptors (or memory), accepting
+#: stops this long: the connections waiting meanwhile stay in the backlog
+ACCEPT_PAUSE_SECONDS = 0.5
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_NOT_AUTHENTICATED, _AUTHENTICATION_FAILED = "authenticate first", "authentication failed"
+#: counted apart in the refusal log; the other protocol errors together
+_AUTHENTICATION_ERRORS = frozenset({_NOT_AUTHENTICATED, _AUTHENTICATION_FAILED})
 NOTIFY, LOCK = "notify", "lock"
 _OPS = {
     NOTIFY: frozenset({"lock", "unlock", "subscribe", "notify", "ping"}),
@@ -74,12 +92,13 @@ _OPS = {
 class _Client:
     """One connection: its streams, its port, its locks."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: str):
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: str, peer: str
+    ):
         self.reader = reader
         self.writer = writer
         self.port = port
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer = peer
         self.name = "?"
         self.locks: set[str] = set()
         self.subscribed = False
@@ -99,6 +118,27 @@ class _Client:
             return False
         self.writer.write(encode(message))
         return True
+
+
+class _Stranger:
+    """A connection from its accept until it has authenticated: the task
+    that serves it, which a drop (a cap, the deadline) cancels."""
+
+    def __init__(self, sock: socket.socket, peer: str, address: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.address = address
+        self.task: asyncio.Task[None] | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        #: why it was dropped (None: it was not)
+        self.dropped: str | None = None
+        #: whether the socket is a transport's now (it closes it)
+        self.handed_over = False
+        self.client: _Client | None = None
+
+    def close_unless_handed_over(self, _: object = None) -> None:
+        if not self.handed_over:
+            self.sock.close()
 
 
 class LockTable:
@@ -163,8 +203,14 @@ class QueueServer:
             LOCK: settings.lock_port if lock_port is None else lock_port,
         }
         self.locks = LockTable()
+        #: the authenticated connections (MAX_CLIENT_THREADS bounds them)
         self.clients: set[_Client] = set()
-        self._servers: list[asyncio.Server] = []
+        self.strangers: Admission[_Stranger] = Admission(
+            settings.max_unauthenticated, settings.max_unauthenticated_per_address
+        )
+        self.refusals = RefusalLog(logger)
+        self._listeners: list[socket.socket] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._ssl = _server_ssl_context(settings)
 
@@ -181,38 +227,53 @@ class QueueServer:
     async def start(self) -> dict[str, int]:
         """Bind both ports; the ports bound."""
         for port_name in (NOTIFY, LOCK):
-            server = await asyncio.start_server(
-                functools.partial(self._serve, port=port_name),
-                host=self.host,
-                port=self._ports[port_name],
-                ssl=self._ssl,
-                ssl_handshake_timeout=self.timeout if self._ssl else None,
-                reuse_address=True,
-                backlog=self.settings.max_clients,
+            listeners = await _listen(
+                self.host,
+                self._ports[port_name],
+                # long: a flood must not fill the accept queue, where a
+                # worker's connection would wait for its SYN to be sent again
+                backlog=max(socket.SOMAXCONN, self.settings.max_clients),
             )
-            self._servers.append(server)
-            self._ports[port_name] = server.sockets[0].getsockname()[1]
+            self._listeners += listeners
+            self._ports[port_name] = listeners[0].getsockname()[1]
+            for listener in listeners:
+                self._spawn(self._accept(listener, port_name))
         return dict(self._ports)
 
     async def run(self) -> None:
         """Serve until :meth:`stop`."""
-        checker = asyncio.create_task(self._check_tasks())
+        background = [
+            asyncio.create_task(self._check_tasks()),
+            asyncio.create_task(self._flush_refusals()),
+        ]
         try:
             await self._stopping.wait()
         finally:
-            checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checker
-            for server in self._servers:
-                server.close()
+            for listener in self._listeners:
+                listener.close()
             for client in list(self.clients):
                 client.writer.transport.abort()
-            for server in self._servers:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(server.wait_closed(), self.timeout)
+            tasks = [*background, *self._tasks]
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), self.timeout)
+            self.refusals.flush(force=True)
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _flush_refusals(self) -> None:
+        """The refusal log's summary line, also when the refusals stop."""
+        while True:
+            await asyncio.sleep(REFUSAL_LOG_INTERVAL_SECONDS / 2)
+            self.refusals.flush()
 
     # ------------------------------------------------------------ wake-ups
     async def _check_tasks(self) -> None:
@@ -238,21 +299,128 @@ class QueueServer:
         message = {"op": "wake", "queue": self.channel}
         return sum(1 for c in list(self.clients) if c.subscribed and c.push(message))
 
-    # ------------------------------------------------------------ clients
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: str
-    ) -> None:
-        client = _Client(reader, writer, port)
-        if len(self.clients) >= self.settings.max_clients:
-            logger.warning("refusing %s: %d clients already", client.peer, len(self.clients))
-            with contextlib.suppress(Exception):
-                client.push({"op": "error", "error": "the server is full (MAX_CLIENT_THREADS)"})
-            await _close(writer, self.timeout)
-            return
-        self.clients.add(client)
-        _keepalive(writer, self.settings.keepalive_seconds)
+    # ------------------------------------------------------------ strangers
+    async def _accept(self, listener: socket.socket, port: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, address = await loop.sock_accept(listener)
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self.refusals.note(self.host, f"cannot accept: {describe_error(exc)}")
+                    await asyncio.sleep(ACCEPT_PAUSE_SECONDS)
+                continue  # else the peer left before it was accepted
+            self._admit(sock, address, port)
+            await asyncio.sleep(0)  # sock_accept does not yield while connections wait
+
+    def _admit(self, sock: socket.socket, address: Any, port: str) -> None:
+        """Count a new connection in, as a stranger, and start serving it;
+        drop whom the caps say."""
+        host = str(address[0]) if isinstance(address, tuple) else str(address)
+        if isinstance(address, tuple):
+            peer = f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+        else:
+            peer = host
+        stranger = _Stranger(sock, peer, address_key(host))
+        _keepalive(sock, self.settings.keepalive_seconds)
+        stranger.task = self._spawn(self._serve(stranger, port))
+        stranger.task.add_done_callback(stranger.close_unless_handed_over)
+        timeout = self.settings.auth_timeout_seconds
+        stranger.deadline = asyncio.get_running_loop().call_later(
+            timeout,
+            self._drop,
+            stranger,
+            f"did not authenticate within {timeout:g} s (SQLA_QUEUE_SERVER_AUTH_TIMEOUT)",
+        )
+        for victim, reason in self.strangers.admit(stranger.address, stranger):
+            self._drop(victim, reason)
+
+    def _drop(self, stranger: _Stranger, reason: str) -> None:
+        self.strangers.leave(stranger.address, stranger)
+        if stranger.deadline is not None:
+            stranger.deadline.cancel()
+        if stranger.dropped is None and stranger.task is not None:
+            stranger.dropped = reason
+            stranger.task.cancel()
+            self.refusals.note(stranger.peer, reason)
+
+    def _welcomed(self, stranger: _Stranger) -> None:
+        """No longer a stranger: authenticated, or gone."""
+        self.strangers.leave(stranger.address, stranger)
+        if stranger.deadline is not None:
+            stranger.deadline.cancel()
+
+    async def _welcome(self, stranger: _Stranger, port: str) -> _Client | None:
+        """The TLS handshake and the challenge: the authenticated client, or
+        None (then the connection is closed, and the refusal noted)."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        stranger.handed_over = True
         try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol,
+                stranger.sock,
+                ssl=self._ssl,
+                # our own deadline comes first; this one only bounds asyncio's
+                ssl_handshake_timeout=2 * self.settings.auth_timeout_seconds if self._ssl else None,
+            )
+        except ssl.SSLError as exc:
+            self.refusals.note(stranger.peer, f"TLS handshake failed ({exc.reason or 'SSL'})")
+            return None
+        except OSError as exc:
+            logger.debug("%s went away in its TLS handshake: %s", stranger.peer, exc)
+            return None
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        client = stranger.client = _Client(reader, writer, port, stranger.peer)
+        try:
+            if len(self.clients) >= self.settings.max_clients:
+                raise _Full
             await self._authenticate(client)
+        except _Full:
+            self.refusals.note(client.peer, "the server is full (MAX_CLIENT_THREADS)")
+            client.push(_FULL)
+        except ProtocolError as exc:
+            kind = str(exc) if str(exc) in _AUTHENTICATION_ERRORS else "broke the protocol"
+            self.refusals.note(client.peer, str(exc), kind=kind)
+            with contextlib.suppress(Exception):
+                client.push({"op": "error", "error": str(exc)})
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError) as exc:
+            logger.debug("%s went away before it authenticated: %s", client.peer, exc)
+        else:
+            self._welcomed(stranger)
+            if len(self.clients) < self.settings.max_clients:
+                self.clients.add(client)
+                return client
+            # others authenticated meanwhile, and took the last places
+            self.refusals.note(client.peer, "the server is full (MAX_CLIENT_THREADS)")
+            client.push(_FULL)
+        # at once: a graceful close (a TLS shutdown above all) would hold the
+        # socket, uncounted, for as long as the stranger let it
+        transport.abort()
+        return None
+
+    async def _serve(self, stranger: _Stranger, port: str) -> None:
+        try:
+            client = await self._welcome(stranger, port)
+        except asyncio.CancelledError:
+            if stranger.dropped is None:
+                raise  # the server is stopping
+            if stranger.client is not None:
+                with contextlib.suppress(Exception):
+                    stranger.client.push({"op": "error", "error": stranger.dropped})
+                stranger.client.writer.transport.abort()
+            return
+        finally:
+            self._welcomed(stranger)
+        if client is not None:
+            await self._converse(client)
+
+    # ------------------------------------------------------------ clients
+    async def _converse(self, client: _Client) -> None:
+        """Serve an authenticated client until it goes or breaks the protocol."""
+        try:
+            await self._send(client, {"op": "ready", "queue": self.channel, "port": client.port})
             while True:
                 message = await self._read(client, idle=True)
                 await self._send(client, self._answer(client, message))
@@ -269,7 +437,7 @@ class QueueServer:
             released = self.locks.release_all(client)
             if released:
                 logger.info("client %r closed: %d lock(s) released", client, released)
-            await _close(writer, self.timeout)
+            await _close(client.writer, self.timeout)
 
     async def _read(self, client: _Client, *, idle: bool) -> dict[str, Any]:
         """The next message. An idle client may wait for ever before the
@@ -296,17 +464,21 @@ class QueueServer:
             raise ProtocolError("does not read its replies") from None
 
     async def _authenticate(self, client: _Client) -> None:
+        """The challenge and its answer, within the stranger's deadline (no
+        timeout of its own: the deadline cancels this)."""
         nonce = secrets.token_hex(32)
-        await self._send(client, {"op": "challenge", "nonce": nonce, "version": 1})
-        message = await self._read(client, idle=False)
+        client.writer.write(encode({"op": "challenge", "nonce": nonce, "version": 1}))
+        await client.writer.drain()
+        message = await self._read_rest(client, b"")
         answer = message.get("mac")
         if message["op"] != "auth" or not isinstance(answer, str):
-            raise ProtocolError("authenticate first")
-        if not hmac.compare_digest(answer.encode(), mac(self._secret, nonce).encode()):
-            raise ProtocolError("authentication failed")
+            raise ProtocolError(_NOT_AUTHENTICATED)
+        expected = mac(self._secret, nonce)
+        # compare_digest takes ASCII text only: anything else is a wrong answer
+        if not (answer.isascii() and hmac.compare_digest(answer, expected)):
+            raise ProtocolError(_AUTHENTICATION_FAILED)
         name = message.get("client")
         client.name = name[:100] if isinstance(name, str) and name.isprintable() else "?"
-        await self._send(client, {"op": "ready", "queue": self.channel, "port": client.port})
 
     def _answer(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
         op = message["op"]
@@ -356,13 +528,43 @@ def _server_ssl_context(settings: ServerSettings) -> ssl.SSLContext | None:
     return context
 
 
-def _keepalive(writer: asyncio.StreamWriter, seconds: float) -> None:
+class _Full(Exception):
+    """The server serves MAX_CLIENT_THREADS authenticated clients already."""
+
+
+#: a full server: the client is to try again later (a ServerUnavailable to it)
+_FULL = {"op": "error", "error": "the server is full (MAX_CLIENT_THREADS)", "retry": True}
+
+
+async def _listen(host: str, port: int, *, backlog: int) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as
+    ``loop.create_server`` binds them), on one port: port 0 picks a free one."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    listeners: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(listeners) > 1:  # the port the first one got
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    return listeners
+
+
+def _keepalive(sock: socket.socket, seconds: float) -> None:
     """Probe a silent peer after ``seconds``, three times, a third apart:
     a peer that vanished without closing (a powered-off host) is found and
     its locks freed."""
-    sock: socket.socket | None = writer.get_extra_info("socket")
-    if sock is None:
-        return
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if hasattr(socket, "TCP_KEEPIDLE"):
