@@ -4,7 +4,8 @@
 do it) registers the ``op.*_queue_*`` operations and the autogenerate
 comparator; ``include_object`` and ``render_item``, passed to
 ``context.configure`` (the shipped ``env.py`` does), keep the mixin's
-indexes out of alembic's own comparison and write portable server defaults; ``sqla-queue alembic init DIR`` makes a migration environment
+indexes out of alembic's own comparison and write portable server
+defaults; ``sqla-queue alembic init DIR`` makes a migration environment
 from the templates. docs/migrations.md tells the whole story.
 """
 
