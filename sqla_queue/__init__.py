@@ -24,6 +24,7 @@ from .exceptions import (
 from .mixins import QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
+from .settings import Settings
 from .subscribers import SubscriberMixin, SubscriptionRecord
 from .worker import (
     SubscriberWebhook,
@@ -45,6 +46,7 @@ __all__ = [
     "PayloadError",
     "QueueClient",
     "QueueMixin",
+    "Settings",
     "SqlaQueueError",
     "Status",
     "SubscriberMixin",
