@@ -1109,11 +1109,12 @@ def show(
     (``{"url": ...}`` for ``--url``, shown as given, source ``--url``)."""
     given = given or {}
     for entry in CATALOGUE:
+        value: Any
         if entry.key in given:
             value, source = given[entry.key], f"--{entry.key}"
         elif entry.resolved:
             resolved = effective.values[entry.key]
-            value: Any = resolved.value
+            value = resolved.value
             source = resolved.source
             if hasattr(value, "describe"):
                 value = value.describe()

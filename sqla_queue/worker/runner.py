@@ -579,7 +579,8 @@ def _takes_every_task(cls: type[WorkerBase]) -> bool:
         return False
 
 
-def _concrete_workers(base: type[WorkerBase]) -> Iterator[type[WorkerBase]]:
+def _concrete_workers(base: type) -> Iterator[type[WorkerBase]]:
+    cls: type[WorkerBase]
     for cls in base.__subclasses__():
         if not getattr(cls, "__abstractmethods__", None):
             yield cls
