@@ -1,6 +1,7 @@
 """Pub/sub on SQLite: one publication, two subscriptions, one worker class.
 
     python examples/pubsub.py
+    SQLA_QUEUE_URL=mysql://root@127.0.0.1/test python examples/pubsub.py
 
 1. Two subscriptions of the process "pedido" are written to the subscriber
    table ("indice" and "auditoria").
@@ -28,6 +29,7 @@ from sqla_queue import (
     WorkerPubSubBase,
     subscriber,
 )
+from sqla_queue.settings import normalize_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATABASE = os.environ.get("SQLA_QUEUE_URL", f"sqlite:///{ROOT / 'pubsub.db'}")
@@ -72,7 +74,10 @@ class Pedidos(WorkerPubSubBase):
 
 
 def main() -> None:
-    engine = create_engine(DATABASE)
+    # mysql:// and postgresql:// name no driver: SQLAlchemy's create_engine
+    # would load MySQLdb or psycopg2; normalize_url picks the extras' drivers
+    # (PyMySQL, psycopg 3), as sqla-queue's own engines do
+    engine = create_engine(normalize_url(DATABASE))
     Base.metadata.drop_all(engine)
     Base.metadata.create_all(engine)
     with Session(engine) as session, session.begin():

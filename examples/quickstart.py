@@ -43,6 +43,7 @@ class Task(QueueMixin, Base):
 
 class Faturar(WorkerBase):
     model = Task
+    processes = frozenset({"faturar"})  # other workers' tasks on this table are not its own
 
     def execute(self, payload: Any, task: TaskRecord, session: Session) -> str:
         invoice = session.get(Invoice, payload["invoice"])

@@ -5,10 +5,13 @@
 # tests/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3),
 # and for the Spark tests a Java runtime and the JDBC drivers Spark reads the
 # queue tables with (PySpark bundles none, and Maven is not reachable: Debian's
-# jars, at the paths sqla_queue.spark looks at). Does nothing when everything is there; runs apt-get
-# update only if apt-get cannot find a package without it. When it cannot
-# install (not root, no apt-get, no network) it says so and goes on: the tests
-# that need the package then skip, or fail under SQLA_QUEUE_REQUIRE_DATABASES=1.
+# jars, at the paths sqla_queue.spark looks at). Does nothing when everything
+# is there (no network call); when a package is missing, runs apt-get update
+# first (a fresh machine's package lists are empty or stale: install alone
+# fails there, or fetches versions the mirror no longer has), then apt-get
+# install. When it cannot install (not root, no apt-get, no network) it says
+# so and goes on: the tests that need the package then skip, or fail under
+# SQLA_QUEUE_REQUIRE_DATABASES=1.
 # Also the reference library's own venv (scripts/install-nsj-reference.sh).
 set -u
 "$(dirname "$0")/install-nsj-reference.sh"
@@ -33,13 +36,11 @@ if [ "$(id -u)" != 0 ]; then
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-install() {
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-    --no-install-recommends -o Dpkg::Use-Pty=0 "${missing[@]}" >"$log" 2>&1
-}
 echo "install-test-deps: installing ${missing[*]}"
-if ! install; then
-  "${sudo[@]}" apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; warn "apt-get update failed"; }
-  install || { cat "$log" >&2; warn "apt-get install ${missing[*]} failed"; }
-fi
+# a failed update (no network) is reported, and the install still tried: the
+# packages may be in apt's cache
+"${sudo[@]}" apt-get update -qq >"$log" 2>&1 || { cat "$log" >&2; echo "install-test-deps: apt-get update failed" >&2; }
+"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+  --no-install-recommends -o Dpkg::Use-Pty=0 "${missing[@]}" >"$log" 2>&1 ||
+  { cat "$log" >&2; warn "apt-get install ${missing[*]} failed"; }
 exit 0

@@ -25,6 +25,7 @@ from .exceptions import (
 from .mixins import QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
+from .settings import Settings
 from .subscribers import SubscriberMixin, SubscriptionRecord
 from .worker import (
     SubscriberWebhook,
@@ -47,6 +48,7 @@ __all__ = [
     "PayloadError",
     "QueueClient",
     "QueueMixin",
+    "Settings",
     "SqlaQueueError",
     "Status",
     "SubscriberMixin",

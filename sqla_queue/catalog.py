@@ -1152,12 +1152,24 @@ def splice_reference(page: str) -> str:
     return page[:start] + render_reference() + page[end:]
 
 
-def show(effective: Effective, settings: Settings, *, width: int = 34) -> Iterable[str]:
-    """Lines of ``sqla-queue config show``: every setting, its value, its source."""
+def show(
+    effective: Effective,
+    settings: Settings,
+    *,
+    given: Mapping[str, str] | None = None,
+    width: int = 34,
+) -> Iterable[str]:
+    """Lines of ``sqla-queue config show``: every setting, its value (with
+    its unit), its source. ``given``: the values the command line gave
+    (``{"url": ...}`` for ``--url``, shown as given, source ``--url``)."""
+    given = given or {}
     for entry in CATALOGUE:
-        if entry.resolved:
+        value: Any
+        if entry.key in given:
+            value, source = given[entry.key], f"--{entry.key}"
+        elif entry.resolved:
             resolved = effective.values[entry.key]
-            value: Any = resolved.value
+            value = resolved.value
             source = resolved.source
             if hasattr(value, "describe"):
                 value = value.describe()
@@ -1173,9 +1185,21 @@ def show(effective: Effective, settings: Settings, *, width: int = 34) -> Iterab
                 value = os.environ.get(variable, "(set)")
         if entry.status != "used":
             source = f"{source}; {entry.status}"
-        yield f"{entry.key:<{width}} {value!s:<30} {source}"
+        yield f"{entry.key:<{width}} {_with_unit(entry, value)!s:<30} {source}"
     for name, why in effective.unused.items():
         yield f"{name:<{width}} {'(in the table)':<30} queue_configuration; not used: {why}"
+
+
+def _with_unit(entry: Setting, value: Any) -> Any:
+    """A number of a setting that has a unit, with it: ``30 seconds``."""
+    unit = entry.kind.allowed.unit if isinstance(entry.kind, Number) else ""
+    if not unit or isinstance(value, bool):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):  # none, a word
+        return value
+    return f"{int(number) if number.is_integer() else number} {unit}"
 
 
 def _main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from .catalog import SCHEMA_WIDE, resolve, show
 from .exceptions import SqlaQueueError
 from .maintenance import ROUTINES
 from .redaction import describe_error
-from .settings import Settings
+from .settings import Settings, normalize_url
 
 __all__ = ["config", "maintenance", "requeue"]
 
@@ -179,5 +179,6 @@ def config_show(worker: str, url: str | None) -> None:
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{'setting':<34} {'value':<30} source")
-    for line in show(effective, settings):
+    given = {} if url is None else {"url": normalize_url(url).render_as_string(hide_password=True)}
+    for line in show(effective, settings, given=given):
         click.echo(line)

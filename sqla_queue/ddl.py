@@ -37,6 +37,7 @@ __all__ = ["DIALECTS", "queue_ddl", "queue_tables"]
 DIALECTS = {
     "postgresql": "postgresql://",
     "mysql": "mysql://",
+    "mariadb": "mariadb://",
     "singlestore": "singlestoredb://",
     "sqlite": "sqlite://",
 }

@@ -79,10 +79,22 @@ class ClaimLost(Exception):
     rescued some of its tasks. The batch rolls back."""
 
 
+def _failure_message(error: str, suffix: str) -> str:
+    """``error`` and ``suffix`` (". Tarefa reenfileirada.", nsj-queue-lib's
+    f"{e}. Tarefa reenfileirada."), with one period between them when the
+    error already ends its sentence, cut to fit ``mensagem``."""
+    if error.rstrip().endswith("."):
+        error, suffix = error.rstrip(), suffix.removeprefix(".")
+    return fit_message(error, MESSAGE_MAX_LENGTH, suffix)
+
+
 def task_label(task: TaskRecord) -> str:
     """How log lines name an attempt: its id, its chain's first id, its
-    attempt number and its process."""
-    return f"task {task.id} (chain {task.chain_id}, attempt {task.attempt}, {task.process})"
+    attempt number and its process; an attempt of a dead-letter run says so
+    (its row is stored as ``sucesso`` or ``falha`` like any other, with
+    ``dead`` true: a log line must not read as the task's success)."""
+    kind = "dead-letter run task" if task.dead else "task"
+    return f"{kind} {task.id} (chain {task.chain_id}, attempt {task.attempt}, {task.process})"
 
 
 def describe_traceback(exc: BaseException) -> str:
@@ -356,8 +368,10 @@ class TaskManager:
                 session.close()
         if logger.isEnabledFor(logging.INFO):
             logger.info(
-                "%s succeeded in %.1f ms",
+                "%s %s in %.1f ms",
                 task_label(task),
+                # a dead-letter run's handler returned: the task itself did not succeed
+                "done" if task.dead else "succeeded",
                 (time.perf_counter() - started) * 1000,
             )
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
@@ -429,7 +443,7 @@ class TaskManager:
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
         next_at = self.backoff.next_attempt_at(task.attempt, now) if retry else None
         if next_at is not None:
-            message = fit_message(error, MESSAGE_MAX_LENGTH, RETRY_SUFFIX)
+            message = _failure_message(error, RETRY_SUFFIX)
             values = {
                 "status": failed_status,
                 "reenfileirado": True,
@@ -444,7 +458,7 @@ class TaskManager:
             )
             return True
         suffix = EXHAUSTED_SUFFIX if retry else NO_RETRY_SUFFIX
-        message = fit_message(error, MESSAGE_MAX_LENGTH, suffix)
+        message = _failure_message(error, suffix)
         values = {
             "status": failed_status,
             "estouro_tentativas": True,
@@ -456,7 +470,7 @@ class TaskManager:
         if task.dead:
             # the reference starts another dead run here, forever; we stop
             logger.error(
-                "dead-letter %s exhausted its attempts; it stays %s",
+                "%s exhausted its attempts; it stays %s",
                 task_label(task),
                 failed_status,
             )

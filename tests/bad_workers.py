@@ -90,3 +90,15 @@ class NoModel(WorkerBase):
 
 class UnmappedModel(Good):
     model = dict  # type: ignore[assignment]
+
+
+class TenantHandlerWithoutMultiDatabase(Good):  # run without MULTI_DATABASE=true
+    def execute(  # type: ignore[override]
+        self, payload: Any, task: Any, session: Any, tenant_session: Any
+    ) -> str | None:
+        return None
+
+
+class ExecuteWithoutSession(Good):
+    def execute(self, payload: Any, task: Any) -> str | None:  # type: ignore[override]
+        return None

@@ -57,6 +57,16 @@ def _cli_error(worker: str, env: dict[str, str] | None = None) -> str:
             "UnmappedModel",
             "UnmappedModel.model must be a mapped QueueMixin model, not <class 'dict'>",
         ),
+        (
+            "TenantHandlerWithoutMultiDatabase",
+            "TenantHandlerWithoutMultiDatabase.execute takes tenant_session, but "
+            "multi-database mode is off: set MULTI_DATABASE=true (or the class's "
+            "multi_database = True or tenant_resolver), or drop tenant_session",
+        ),
+        (
+            "ExecuteWithoutSession",
+            "ExecuteWithoutSession.execute must take (self, payload, task, session)",
+        ),
     ],
 )
 def test_worker_command_refuses_a_bad_class_in_one_line(worker: str, expected: str) -> None:

@@ -45,9 +45,17 @@ def _client(kind: str, url: str, script: Path) -> list[str]:
     return ["sqlite3", "-bail", str(parsed.database)]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mysql"])
+@pytest.mark.parametrize(
+    ("kind", "dialect"),
+    [
+        ("sqlite", "sqlite"),
+        ("postgresql", "postgresql"),
+        ("mysql", "mysql"),
+        ("mysql", "mariadb"),  # the MariaDB server under its own name
+    ],
+)
 def test_ddl_runs_with_the_database_client_and_matches_create_all(
-    kind: str, tmp_path: Path
+    kind: str, dialect: str, tmp_path: Path
 ) -> None:
     with (
         private_database(kind, tmp_path) as url,
@@ -55,7 +63,6 @@ def test_ddl_runs_with_the_database_client_and_matches_create_all(
     ):
         schema = {"postgresql": "public", "sqlite": "main"}.get(kind) or make_url(url).database
         assert schema is not None
-        dialect = "mysql" if kind == "mysql" else kind
         args = ("ddl", schema, "fila_ddl", "--dialect", dialect, "--subscribers", "--config-table")
         script = tmp_path / "queue.sql"
         script.write_text(run_cli(*args).stdout)

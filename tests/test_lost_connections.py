@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, make_url
 
 from tests.app import App, build
 from tests.conftest import run_cli, wait_until
@@ -113,19 +113,30 @@ def test_worker_whose_connections_are_all_killed_carries_on_exactly_once(
 
 
 @pytest.mark.parametrize(
-    ("kind", "url"),
+    ("kind", "wrong"),
     [
-        ("postgresql", "postgresql://postgres@127.0.0.1:5432/sqlaq_no_such_database"),
-        ("postgresql", "postgresql://sqlaq_no_such_role@127.0.0.1:5432/test"),
-        ("mysql", "mysql://root@127.0.0.1:3306/sqlaq_no_such_database"),
-        ("mysql", "mysql://sqlaq_no_such_user@127.0.0.1:3306/test"),
+        ("postgresql", {"database": "sqlaq_no_such_database"}),
+        ("postgresql", {"username": "sqlaq_no_such_role"}),
+        ("mysql", {"database": "sqlaq_no_such_database"}),
+        ("mysql", {"username": "sqlaq_no_such_user"}),
     ],
 )
-def test_long_running_worker_stops_on_an_error_that_waiting_cannot_fix(kind: str, url: str) -> None:
+def test_long_running_worker_stops_on_an_error_that_waiting_cannot_fix(
+    kind: str, wrong: dict[str, str]
+) -> None:
     from tests.conftest import server_url
 
-    server_url(kind)  # the server itself is up
-    proc = run_cli("worker", RECORDING, "--url", url, check=False, timeout=60)
+    # the configured server (it is up), a database or user it does not have,
+    # and the plain scheme a user writes (postgresql://, mysql://)
+    url = make_url(server_url(kind)).set(drivername=kind, **wrong)
+    proc = run_cli(
+        "worker",
+        RECORDING,
+        "--url",
+        url.render_as_string(hide_password=False),
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [line] = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
     assert "database error on" in line

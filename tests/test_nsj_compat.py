@@ -219,6 +219,15 @@ def documented_alter(table: str) -> str:
     return statement.group(1).replace("ALTER TABLE fila ", f"ALTER TABLE {table} ", 1)
 
 
+def migration_guide_alter(table: str) -> str:
+    """Step 2 of docs/coming-from-nsj-queue-lib.md's migration, for ``table``."""
+    doc = (ROOT / "docs" / "coming-from-nsj-queue-lib.md").read_text()
+    step = doc.split("### 2. ", 1)[1]
+    statement = re.search(r"```sql\n(ALTER TABLE filas\.fila_faturamento\b[^;]*;)\n", step)
+    assert statement is not None, "the migration guide lost its step 2 ALTER"
+    return statement.group(1).replace("filas.fila_faturamento", table, 1)
+
+
 def made_by_reference(
     engine: Engine, nsj_python: str, schema: str, queue: str, *, lease_columns: bool = True
 ) -> None:
@@ -276,8 +285,8 @@ def test_a_db_gen_table_renamed_apart_from_its_channel_serves_sqla_queue_workers
 
     with pytest.raises(ConfigurationError, match=r"lacks sqla-queue's column\(s\) worker_id"):
         drain(app.Worker, engine)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(documented_alter(f"{schema}.fila_renomeada"))
+    with engine.begin() as conn:  # step 2 of the migration guide, as written
+        conn.exec_driver_sql(migration_guide_alter(f"{schema}.fila_renomeada"))
 
     # a long fallback poll: only the reference trigger's NOTIFY can wake the worker in time
     runner = Runner(app.Worker(), engine=engine, settings=Settings(listen_fallback_seconds=300))

@@ -7,18 +7,20 @@ and the real CLI in a subprocess for the SIGKILL test.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, func, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, create_engine, event, func, insert, select
+from sqlalchemy.orm import DeclarativeBase, Session
 
 from sqla_queue import (
     ConfigurationError,
     QueueClient,
+    QueueMixin,
     SubscriberMixin,
     SubscriptionRecord,
     WorkerBase,
@@ -476,6 +478,68 @@ def test_workers_with_disjoint_processes_run_only_their_own_tasks(
     assert sorted(notes(pengine, papp)) == sorted(
         f"plain:{p}" for p in ("a", "b", "c") for _ in range(5)
     )
+
+
+def _unrouted_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.levelno == logging.WARNING and "takes every process" in record.getMessage()
+    ]
+
+
+def test_two_workers_that_take_every_process_of_one_table_are_named_at_start(
+    pengine: Engine, papp: PubSubApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    """processes unset: the worker runs any other worker's task. One WARNING
+    line at start names the other classes loaded here that do the same."""
+
+    class Faturar(papp.PlainWorker):  # type: ignore[name-defined,misc]
+        pass
+
+    class Cobrar(papp.PlainWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"cobrar"})
+
+    table = papp.Task.__table__.name
+    with caplog.at_level(logging.INFO, logger="sqla_queue.worker"):
+        drain(Cobrar, pengine)
+    assert _unrouted_lines(caplog) == []
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sqla_queue.worker"):
+        drain(Faturar, pengine)
+    [line] = _unrouted_lines(caplog)
+    assert re.fullmatch(
+        rf"worker Faturar takes every process of \S*{table} \(processes is unset\), "
+        r"and so does PlainWorker \(loaded in this process\): "
+        r"each runs the others' tasks; set processes on each",
+        line,
+    ), line
+
+
+def test_a_worker_alone_on_its_table_that_takes_every_process_says_so_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = "fila_sozinha"
+
+    class Faturar(WorkerBase):
+        model = Task
+
+        def execute(self, payload: Any, task: Any, session: Any) -> None:
+            return None
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'alone.db'}")
+    Base.metadata.create_all(engine)
+    with caplog.at_level(logging.INFO, logger="sqla_queue.worker"):
+        drain(Faturar, engine)
+    engine.dispose()
+    assert _unrouted_lines(caplog) == [
+        "worker Faturar takes every process of fila_sozinha (processes is unset): a task "
+        "meant for another worker class runs here; set processes = {...} to claim only its own"
+    ]
 
 
 def test_pubsub_worker_with_processes_claims_only_its_publications(

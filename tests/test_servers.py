@@ -61,7 +61,8 @@ def test_a_query_runs_through_pgbouncer_in_transaction_mode(
     finally:
         engine.dispose()
     pools = pgbouncer_transaction.admin("SHOW POOLS")
-    assert [row[0] for row in pools if row[0] != "pgbouncer"] == ["test"]
+    upstream = pgbouncer_transaction.upstream["dbname"]
+    assert [row[0] for row in pools if row[0] != "pgbouncer"] == [upstream]
     assert pools[-1][-1] == "transaction"  # pool_mode, the last column
 
 

@@ -282,11 +282,22 @@ def test_config_show_prints_values_and_their_sources(
     )
     assert lines["purge_limit"] == ["250", "QUEUE_PURGE_LIMIT"]
     assert lines["max_retry"] == ["3", "FailingWorker.max_retry"]
-    assert lines["item_ttl"] == ["0", "default"]
     assert lines["db_pass"] == ["***", "DB_PASS"]
     assert "hunter2" not in out
+    # the URL the command was given, not "– default"
+    assert lines["url"] == [db_url, "--url"]
+    # durations with their units
+    assert lines["item_ttl"] == ["0", "minutes", "default"]
+    assert lines["retry_interval_minutes"] == [
+        "0",
+        "minutes",
+        "FailingWorker.retry_interval_minutes",
+    ]
+    assert lines["purge_max_age"] == ["60", "days", "default"]
+    assert lines["poll_interval"] == ["1", "seconds", "default"]
+    assert lines["time_limit"] == ["none", "default"]
     # the test app's class sets lease_seconds, which wins over the table
-    assert lines["lease_seconds"] == ["30.0", "FailingWorker.lease_seconds"]
+    assert lines["lease_seconds"] == ["30", "seconds", "FailingWorker.lease_seconds"]
 
 
 # ------------------------------------------------------------------ the reference

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, Table, UniqueConstraint, create_engine, select, text
+from sqlalchemy import Engine, Table, UniqueConstraint, create_engine, make_url, select, text
 from sqlalchemy.schema import CreateTable
 from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
@@ -138,9 +138,10 @@ def mariadb_user() -> Iterator[tuple[str, str]]:
     """A MariaDB user whose password holds every character that URLs quote."""
     name, password = f"sqlaq_{uuid.uuid4().hex[:8]}", "p@ss:w/rd%?#"
     admin = create_engine(server_url("mysql"))
+    database = admin.url.database
     with admin.begin() as conn:
         conn.execute(text(f"CREATE USER '{name}'@'%' IDENTIFIED BY :pw"), {"pw": password})
-        conn.execute(text(f"GRANT ALL ON test.* TO '{name}'@'%'"))
+        conn.execute(text(f"GRANT ALL ON `{database}`.* TO '{name}'@'%'"))
     try:
         yield name, password
     finally:
@@ -154,8 +155,14 @@ def test_single_store_driver_connects_with_any_password_over_the_mysql_protocol(
 ) -> None:
     """The singlestoredb driver against MariaDB: the password reaches it whole."""
     name, password = mariadb_user
-    env = {"DB_DRIVER": "SINGLE_STORE", "DB_HOST": "127.0.0.1", "DB_PORT": "3306"}
-    url = database_url({**env, "DB_BASE": "test", "DB_USER": name, "DB_PASS": password})
+    server = make_url(server_url("mysql"))
+    env = {
+        "DB_DRIVER": "SINGLE_STORE",
+        "DB_HOST": str(server.host),
+        "DB_PORT": str(server.port or 3306),
+        "DB_BASE": str(server.database),
+    }
+    url = database_url({**env, "DB_USER": name, "DB_PASS": password})
     assert url is not None
     bare, connect_args = engine_options(url)
     engine = create_engine(bare, connect_args=connect_args)

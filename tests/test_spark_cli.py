@@ -5,7 +5,10 @@ that come before any JVM starts."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,3 +170,67 @@ def test_progress_reports_a_running_stage(spark: Any) -> None:
     assert any(
         re.fullmatch(r"test: stage \d+: [0-2]/2 tasks done, [0-2] running", line) for line in lines
     )
+
+
+SESSION_FROM_PYTHON = """
+import sys
+
+from sqla_queue.spark import queue_report, spark_session
+
+url, table, out = sys.argv[1:]
+session = spark_session("local[1]", config={"spark.sql.adaptive.enabled": "false"})
+print(queue_report(session, url, table, out).rows)
+session.stop()
+"""
+
+
+@pytest.mark.parametrize("jdbc_url", ["mysql"], indirect=True)
+def test_spark_session_from_python_adds_the_installed_jdbc_jars(
+    jdbc_app: tuple[App, Engine], tmp_path: Path
+) -> None:
+    """docs/spark-report.md's Python entry point, given no jars: Debian's
+    MariaDB driver is on the session as the command puts it (it was not,
+    and the read failed in a long Java trace). A JVM of its own: a subprocess."""
+    app, engine = jdbc_app
+    with engine.begin() as conn:
+        add_chain(
+            conn,
+            app.Task.__table__,
+            process="p",
+            start=dt.datetime(2026, 3, 1, 10, tzinfo=dt.timezone.utc),
+            attempts=[("sucesso", 1.0, 2.0)],
+        )
+    url = engine.url.render_as_string(hide_password=False)
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_FROM_PYTHON, url, app.Task.__table__.name, str(tmp_path)],
+        env={key: value for key, value in os.environ.items() if key != "SQLA_QUEUE_SPARK_JARS"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.split() == ["1"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "--out", "OUT"],
+        ["archive", "--path", "OUT", "--retention-days", "30"],
+        ["enqueue", "OUT", "--process", "p"],
+    ],
+    ids=["report", "archive", "enqueue"],
+)
+def test_without_pyspark_each_command_is_the_extra_hint_in_one_line(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """PySpark made unimportable, as if the spark extra were not installed."""
+    from tests.test_packaging import run_cli_without
+
+    args = [str(tmp_path) if arg == "OUT" else arg for arg in args]
+    url = "postgresql://u@127.0.0.1:1/db"  # never reached
+    done = run_cli_without("pyspark,py4j", "spark", *args, "--url", url, "--table", "fila")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: PySpark is not installed: pip install 'sqla-queue[spark]'"
+    ]

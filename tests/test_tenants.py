@@ -319,6 +319,26 @@ def test_a_four_parameter_handler_is_refused_at_start(app: App, tmp_path: Path) 
     engine.dispose()
 
 
+def test_a_five_parameter_handler_without_multi_database_is_refused_at_start(
+    app: App, tmp_path: Path
+) -> None:
+    """Not every task failing with a TypeError, each burning an attempt."""
+    worker = worker_for(app, None)
+    engine = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
+    app.Base.metadata.create_all(engine)
+    [task_id] = enqueue(engine, app, {"n": 1}, tenant=47)
+    with pytest.raises(ConfigurationError) as caught:
+        Runner(worker(), engine=engine, burst=True, settings=Settings())
+    assert str(caught.value) == (
+        "TenantWorker.execute takes tenant_session, but multi-database mode is off: set "
+        "MULTI_DATABASE=true (or the class's multi_database = True or tenant_resolver), "
+        "or drop tenant_session"
+    )
+    [row] = tasks(engine, app)
+    assert (row.id, row.status, row.attempt) == (task_id, "pendente", 1)
+    engine.dispose()
+
+
 def test_class_attributes_are_checked(app: App) -> None:
     class Bad(app.RecordingWorker):  # type: ignore[name-defined,misc]
         tenant_resolver = "postgresql://db/erp_{tenant}"

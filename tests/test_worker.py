@@ -364,6 +364,71 @@ def test_dead_letter_run_that_exhausts_its_attempts_starts_no_other(
     assert effects(engine, app) == []
 
 
+def test_an_error_ending_in_a_period_gets_one_period_before_the_suffix(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """nsj-queue-lib's texts are f"{e}. Tarefa reenfileirada." and f"{e}.
+    Máximo de tentativas atingido.": an error that ends its sentence (a
+    driver's "... (Background on this error at: ...)." does) is not followed
+    by a second period."""
+
+    class Worker(app.RecordingWorker):
+        max_retry = 2
+
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            raise RuntimeError("server closed the connection (see its log).")
+
+    enqueue(engine, app, {"n": 1})
+    drain(Worker, engine)
+    first, last, _dead = tasks(engine, app)
+    error = "RuntimeError: server closed the connection (see its log)."
+    assert first.message == error + " Tarefa reenfileirada."
+    assert last.message == error + " Máximo de tentativas atingido."
+
+
+def test_a_dead_letter_run_is_logged_as_a_dead_letter_run_never_as_a_success(
+    engine: Engine, app: App, installed: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its row keeps the seed's values (sucesso, dead = true); every log line
+    about it says dead-letter run, and none says it succeeded."""
+
+    class Worker(app.FailingWorker):
+        max_retry = 1
+
+    class DeadFails(app.FailingWorker):
+        max_retry = 1
+
+        def execute_dead(self, payload: Any, task: Any, session: Session) -> str | None:
+            raise RuntimeError("dead handler failed")
+
+    enqueue(engine, app, {"n": 1})
+    with caplog.at_level(logging.DEBUG, logger="sqla_queue"):
+        drain(Worker, engine)
+    [live, dead] = tasks(engine, app)
+    assert (dead.dead, dead.status, dead.message) == (True, "sucesso", "dead handled")
+    about_dead = [r.getMessage() for r in caplog.records if f"task {dead.id} (" in r.getMessage()]
+    assert about_dead == [
+        line for line in about_dead if line.startswith(f"dead-letter run task {dead.id} (chain ")
+    ]
+    assert any(" done in " in line for line in about_dead), about_dead
+    assert not any("succeeded" in line for line in about_dead), about_dead
+    assert any(
+        r.getMessage().startswith(f"task {live.id} (chain {live.id}, attempt 1, faturar) failed")
+        for r in caplog.records
+    )
+
+    caplog.clear()
+    enqueue(engine, app, {"n": 2})
+    with caplog.at_level(logging.DEBUG, logger="sqla_queue"):
+        drain(DeadFails, engine)
+    failed = tasks(engine, app)[-1]
+    assert (failed.dead, failed.status) == (True, "falha")
+    assert f"dead-letter run task {failed.id} (chain {failed.id}, attempt 1, faturar) failed" in (
+        caplog.text
+    )
+    assert "dead-letter dead-letter" not in caplog.text
+
+
 def test_failure_message_never_stores_or_logs_a_secret(
     engine: Engine, app: App, installed: None, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 import sqla_queue.alembic  # noqa: F401 (registers the op.*_queue_* operations)
 import sqla_queue.types  # noqa: F401 (the queue columns' types)
 <%
-    # the renderers add the line above to imports as well: written once
-    extra = [line for line in (imports or "").splitlines() if not line.startswith("import sqla_queue.alembic")]
+    # the renderers add the lines above to imports as well: written once
+    extra = [line for line in (imports or "").splitlines() if not line.startswith(("import sqla_queue.alembic", "import sqla_queue.types"))]
 %>
 ${"\n".join(extra)}
 

@@ -4,7 +4,9 @@
 ``sqlalchemy.url`` (or ``alembic -x NAME_url=...``) and its models'
 ``target_metadata`` (``module:attribute``). Every database migrates in its
 own transaction; all commit at the end, or all roll back. Importing
-``sqla_queue.alembic`` registers the queue operations and the comparator.
+``sqla_queue.alembic`` registers the queue operations and the comparator;
+``include_object`` and ``render_item`` make a revision that serves every
+database.
 """
 
 import logging
@@ -14,7 +16,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from sqla_queue.alembic import load_metadata, migration_url
+from sqla_queue.alembic import include_object, load_metadata, migration_url, render_item
 
 config = context.config
 if config.config_file_name is not None:
@@ -67,6 +69,10 @@ def run_migrations_online() -> None:
                 upgrade_token=f"{name}_upgrades",
                 downgrade_token=f"{name}_downgrades",
                 target_metadata=metadata,
+                # autogenerate: the queue indexes compared by sqla-queue alone,
+                # and server defaults that every database reads
+                include_object=include_object,
+                render_item=render_item,
             )
             context.run_migrations(engine_name=name)
         for transaction in transactions.values():

@@ -17,6 +17,12 @@ alembic 1.18+, registration order before), for each table of the metadata:
 - a configuration table (``ConfigurationMixin``): the declared rows that are
   not in the table are inserted; rows already there are never changed.
 
+``include_object`` (passed to ``context.configure`` by the shipped
+``env.py``) keeps the mixin's indexes out of alembic's own comparison, which
+would log a "Detected added index" or "Detected changed index" line for
+each index that is not made on this dialect, or that it cannot read back,
+and then have its operation taken out here.
+
 Indexes are compared by name: a changed definition under the same name
 is not seen (docs/migrations.md says how to migrate one by hand).
 """
@@ -49,6 +55,14 @@ _TRIGGER_SOURCE = text(
     "SELECT p.prosrc FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
     "WHERE t.tgrelid = to_regclass(:table) AND t.tgname = :trigger AND NOT t.tgisinternal"
 )
+
+
+def include_object(
+    object_: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
+) -> bool:
+    """Alembic's ``include_object`` hook: False for an index of the models
+    that ``QueueMixin`` adds (compared here, not by alembic), True otherwise."""
+    return not (type_ == "index" and not reflected and QUEUE_INDEX_INFO in object_.info)
 
 
 def compare_queue_tables(

@@ -74,11 +74,18 @@ def _session(
 
 
 def _run(job: Any) -> Any:
-    """``job()``, with sqla-queue's and Spark's input errors as one line."""
+    """``job()``, with sqla-queue's and Spark's input errors, and a missing
+    PySpark (the extra), as one line."""
     try:
         return job()
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] not in ("pyspark", "py4j"):
+            raise
+        from .session import NO_PYSPARK
+
+        raise click.ClickException(NO_PYSPARK) from exc
     except Exception as exc:
         # Spark's AnalysisException (a missing input path, a bad option...)
         from .writer import cause_of

@@ -7,7 +7,8 @@ the master URL:
 - the JDBC driver jars, found without Maven: Debian's
   ``libpostgresql-jdbc-java`` and ``libmariadb-java`` at their paths, or the
   paths given (``jars=``, ``--jdbc-jar``, ``SQLA_QUEUE_SPARK_JARS``). PySpark
-  bundles no PostgreSQL or MariaDB driver;
+  bundles no PostgreSQL or MariaDB driver. Called from Python without
+  ``jars``, it adds the ones installed, as the commands do;
 - the Python the executors run: this interpreter for a local master (its
   Python workers start ``python3`` from PATH otherwise, which cannot import
   sqla-queue); on a cluster, ``spark.pyspark.python`` or the
@@ -37,9 +38,17 @@ from ..exceptions import SparkSetupError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["JDBC_DRIVERS", "JdbcDriver", "find_java", "jdbc_jars", "spark_session"]
+__all__ = [
+    "JDBC_DRIVERS",
+    "JdbcDriver",
+    "find_java",
+    "installed_jdbc_jars",
+    "jdbc_jars",
+    "spark_session",
+]
 
 DEFAULT_MASTER = "local[*]"
+NO_PYSPARK = "PySpark is not installed: pip install 'sqla-queue[spark]'"
 _LOCAL_CORES = re.compile(r"local\[(\d+)")
 JARS_VARIABLE = "SQLA_QUEUE_SPARK_JARS"
 
@@ -118,6 +127,17 @@ def jdbc_jars(
     return jars
 
 
+def installed_jdbc_jars(env: Mapping[str, str] | None = None) -> list[str]:
+    """The jars :func:`spark_session` adds when it is given none:
+    ``SQLA_QUEUE_SPARK_JARS``'s (each must exist), else Debian's jars of
+    every database that are installed (a job on one database needs only
+    its own; the other costs nothing)."""
+    env = os.environ if env is None else env
+    if env.get(JARS_VARIABLE):
+        return jdbc_jars((), env=env)
+    return [str(driver.jar) for driver in JDBC_DRIVERS.values() if driver.jar.is_file()]
+
+
 def _local_cores(master: str) -> int:
     match = _LOCAL_CORES.match(master)
     return max(int(match.group(1)) if match else os.cpu_count() or 2, 1)
@@ -135,13 +155,14 @@ def spark_session(
     config: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """The active SparkSession, or a new one on ``master`` (default
-    ``local[*]``) with ``jars`` and the settings above; ``config`` adds or
+    ``local[*]``) with ``jars`` (default: :func:`installed_jdbc_jars`, as
+    the commands find them) and the settings above; ``config`` adds or
     overrides Spark settings. An active session is returned as it is: its
     static settings (master, jars) were fixed when it started."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise SparkSetupError("PySpark is not installed: pip install 'sqla-queue[spark]'") from None
+        raise SparkSetupError(NO_PYSPARK) from None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
@@ -173,6 +194,7 @@ def spark_session(
                 "spark.ui.enabled": "false",
             }
         )
+    jars = list(jars) or installed_jdbc_jars()
     if jars:
         settings["spark.jars"] = ",".join(jars)
     settings.update(config or {})

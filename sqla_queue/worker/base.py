@@ -193,12 +193,14 @@ class WorkerBase(abc.ABC):
         """Build the tenant engine cache when multi-database is on (the
         runner calls this at start, and close_tenants() at stop). Refuses a
         handler that cannot take ``tenant_session`` and an incomplete
-        environment, with one line."""
+        environment, with one line; with multi-database off, a handler that
+        needs ``tenant_session`` (every task would fail with a TypeError)."""
         cls = type(self)
         self._tenant_engines = None
         if not cls.uses_tenants(settings):
+            cls._check_handlers(tenant_session=False)
             return None
-        cls._check_tenant_handlers()
+        cls._check_handlers(tenant_session=True)
         resolver = cls.tenant_resolver or resolver_from_settings(settings.tenants)
         self._tenant_engines = TenantEngines(
             resolver,
@@ -216,23 +218,31 @@ class WorkerBase(abc.ABC):
             engines.close()
 
     @classmethod
-    def _check_tenant_handlers(cls) -> None:
+    def _check_handlers(cls, *, tenant_session: bool) -> None:
         for handler in ("execute", "execute_dead"):
-            cls._require_arguments(handler, "(self, payload, task, session, tenant_session)")
+            cls._require_arguments(handler, "(self, payload, task, session)", tenant_session)
 
     @classmethod
-    def _require_arguments(cls, method: str, signature: str) -> None:
+    def _require_arguments(cls, method: str, signature: str, tenant_session: bool) -> None:
         """Refuse ``method`` unless it can be called with ``signature``'s
-        arguments (counted, self included) in multi-database mode."""
+        arguments (counted, self included), plus ``tenant_session`` in
+        multi-database mode."""
         count = signature.count(",") + 1
-        try:
-            inspect.signature(getattr(cls, method)).bind(*(None,) * count)
-        except TypeError:
+        name = f"{cls.__name__}.{method}"
+        if tenant_session:
+            if not _takes(getattr(cls, method), count + 1):
+                full = signature[:-1] + ", tenant_session)"
+                raise ConfigurationError(f"{name} must take {full} in multi-database mode")
+            return
+        if _takes(getattr(cls, method), count):
+            return
+        if _takes(getattr(cls, method), count + 1):
             raise ConfigurationError(
-                f"{cls.__name__}.{method} must take {signature} in multi-database mode"
-            ) from None
-        except ValueError:  # no signature (a builtin): let it fail at run time
-            pass
+                f"{name} takes tenant_session, but multi-database mode is off: set "
+                "MULTI_DATABASE=true (or the class's multi_database = True or "
+                "tenant_resolver), or drop tenant_session"
+            )
+        raise ConfigurationError(f"{name} must take {signature}")
 
     def backoff(self, settings: Settings) -> LinearBackoff:
         """The retry rule: the class attributes, else the environment's values.
@@ -317,7 +327,7 @@ class WorkerBase(abc.ABC):
                     f"{name} sets tenant_resolver but multi_database = False: drop one"
                 )
         if cls.uses_tenants():
-            cls._check_tenant_handlers()
+            cls._check_handlers(tenant_session=True)
         cls.queue_model()
         # --- routing by process (h14-pubsub)
         from ..routing import check_processes
@@ -376,3 +386,16 @@ def _watched_by(attempt: Attempt) -> Callable[..., None]:
         attempt.watch(connection)
 
     return after_begin
+
+
+def _takes(method: Any, count: int) -> bool:
+    """Whether ``method`` can be called with ``count`` positional arguments
+    (self included); True when it has no signature to read (a builtin: it
+    fails at run time)."""
+    try:
+        inspect.signature(method).bind(*(None,) * count)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True

@@ -212,12 +212,12 @@ class WorkerPubSubBase(WorkerBase):
             )
 
     @classmethod
-    def _check_tenant_handlers(cls) -> None:
-        super()._check_tenant_handlers()
+    def _check_handlers(cls, *, tenant_session: bool) -> None:
+        super()._check_handlers(tenant_session=tenant_session)
         for registry in (cls.subscriber_methods, cls.dead_subscriber_methods):
             for name in registry.values():
                 cls._require_arguments(
-                    name, "(self, payload, subscription, task, session, tenant_session)"
+                    name, "(self, payload, subscription, task, session)", tenant_session
                 )
 
     @classmethod

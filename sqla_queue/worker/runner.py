@@ -366,6 +366,9 @@ class Runner:
             self.engine.url.render_as_string(hide_password=True),
             ", burst" if self.burst else "",
         )
+        unrouted = _unrouted_warning(type(self.worker), self.adapter.qualified_name)
+        if unrouted is not None:
+            logger.warning(unrouted)
         try:
             for lane in lanes:
                 lane.start()
@@ -537,6 +540,51 @@ def _webhook_stage(cls: type[WorkerBase], subscriber_table: Any) -> WebhookStage
     if ids is not None and not ids:
         return None
     return WebhookStage(subscriber_table, ids, concurrency=getattr(cls, "webhook_concurrency", 8))
+
+
+def _unrouted_warning(cls: type[WorkerBase], table_name: str) -> str | None:
+    """The start-up warning of a worker class that claims every task of its
+    table (``processes`` unset, no subscriptions): any other worker's task
+    runs here too. Other such classes on the same table that this process
+    has loaded (the same module defines them, say) are named: each of them
+    would run the other's tasks. None when the class routes its claims."""
+    if not _takes_every_task(cls):
+        return None
+    table = cls.queue_model().__table__
+    others = sorted(
+        {
+            other.__name__
+            for other in _concrete_workers(WorkerBase)
+            if other is not cls
+            and getattr(getattr(other, "model", None), "__table__", None) is table
+            and _takes_every_task(other)
+        }
+    )
+    message = f"worker {cls.__name__} takes every process of {table_name} (processes is unset)"
+    if others:
+        return (
+            f"{message}, and so does {', '.join(others)} (loaded in this process): "
+            "each runs the others' tasks; set processes on each"
+        )
+    return (
+        f"{message}: a task meant for another worker class runs here; "
+        "set processes = {...} to claim only its own"
+    )
+
+
+def _takes_every_task(cls: type[WorkerBase]) -> bool:
+    try:
+        return claim_filter_of(cls) is None
+    except ConfigurationError:  # another class, refused when it runs
+        return False
+
+
+def _concrete_workers(base: type) -> Iterator[type[WorkerBase]]:
+    cls: type[WorkerBase]
+    for cls in base.__subclasses__():
+        if not getattr(cls, "__abstractmethods__", None):
+            yield cls
+        yield from _concrete_workers(cls)
 
 
 def _subscriber_table(cls: type[WorkerBase]) -> Any:
