@@ -24,7 +24,13 @@ class InvalidIdentifierError(ConfigurationError):
 
 
 class InvalidTaskError(SqlaQueueError, ValueError):
-    """A task's value cannot be stored in its column; nothing was written."""
+    """A task's value cannot be stored in its column; nothing was written.
+    ``column`` (the seed column) and ``problem`` say which and why, when known."""
+
+    def __init__(self, message: str, *, column: str | None = None, problem: str | None = None):
+        super().__init__(message)
+        self.column = column
+        self.problem = problem
 
 
 class PayloadError(InvalidTaskError):

@@ -53,7 +53,7 @@ class Field:
         return self.column if self.column == self.attribute else f"{self.column} ({self.attribute})"
 
     def refuse(self, problem: str) -> InvalidTaskError:
-        return InvalidTaskError(f"{self.label}: {problem}")
+        return InvalidTaskError(f"{self.label}: {problem}", column=self.column, problem=problem)
 
 
 def _shown(value: Any) -> str:

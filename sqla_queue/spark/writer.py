@@ -45,7 +45,7 @@ from sqlalchemy.pool import NullPool
 
 from ..adapters import Adapter, adapter_for
 from ..client import _task_row, resolve_table
-from ..exceptions import PayloadError, SqlaQueueError
+from ..exceptions import InvalidTaskError, PayloadError, SqlaQueueError
 from ..identifiers import lock_namespace
 from ..mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH, equivalence_criteria
 from ..payload import hash_payload_texts, json_key, serialize_payload
@@ -283,10 +283,23 @@ def _rows(spec: WriteSpec, batch: Any, now: dt.datetime) -> Iterator[dict[str, A
         values["tenant"] = tenants[i]
         values["prioridade"] = priorities[i]
         values["data_hora"] = run_ats[i]
+        key = keys[i]
+        if isinstance(key, str) and len(key) > EXTERNAL_KEY_MAX_LENGTH:
+            raise _bad_row(
+                spec.key_column or "chave_externa",
+                f"is longer than {EXTERNAL_KEY_MAX_LENGTH} characters",
+                _user_row(spec, payload, values),
+            )
         try:
             row = _task_row(values, pub_sub=False, now=now)
         except PayloadError:
             raise _payload_error(spec, payload, _user_row(spec, payload, values)) from None
+        except InvalidTaskError as exc:
+            # the general path's check, named as the user named the column
+            named = _user_column(spec, exc.column) or exc.column or "?"
+            raise _bad_row(
+                named, exc.problem or str(exc), _user_row(spec, payload, values)
+            ) from None
         _check_key(spec, row, values, payload)
         yield row
 
@@ -311,16 +324,20 @@ def _user_row(spec: WriteSpec, payload: Any, values: Mapping[str, Any]) -> dict[
     return row
 
 
+def _user_column(spec: WriteSpec, column: str | None) -> str | None:
+    """The user's column that gives seed column ``column``, if any."""
+    return {
+        "chave_externa": spec.key_column,
+        "tenant": spec.tenant_column,
+        "prioridade": spec.priority_column,
+        "data_hora": spec.run_at_column,
+    }.get(column or "")
+
+
 def _check_key(
     spec: WriteSpec, row: Mapping[str, Any], values: Mapping[str, Any], payload: Any
 ) -> None:
     key = row["chave_externa"]
-    if key is not None and len(key) > EXTERNAL_KEY_MAX_LENGTH:
-        raise _bad_row(
-            spec.key_column or "chave_externa",
-            f"is longer than {EXTERNAL_KEY_MAX_LENGTH} characters",
-            _user_row(spec, payload, values),
-        )
     if spec.dedupe == "key" and key is None:
         raise _bad_row(
             spec.key_column or "chave_externa",
