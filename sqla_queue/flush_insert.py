@@ -110,7 +110,7 @@ def _adapter(dialect: Any, table: Table) -> Adapter:
 
 
 #: per mapper: (attribute key, column name, primary key?, filled by the
-#: database when no value is given?) of each column attribute
+#: database when no value is given, the primary key aside?) of each column
 _plans: dict[Mapper[Any], tuple[tuple[str, str, bool, bool], ...]] = {}
 
 
@@ -120,11 +120,12 @@ def _plan(mapper: Mapper[Any]) -> tuple[tuple[str, str, bool, bool], ...]:
         plan = _plans[mapper] = tuple(
             (
                 prop.key,
-                prop.columns[0].name,
-                bool(prop.columns[0].primary_key),
-                bool(prop.columns[0].primary_key or prop.columns[0].server_default is not None),
+                column.name,
+                bool(column.primary_key),
+                not column.primary_key and column.server_default is not None,
             )
             for prop in mapper.column_attrs
+            for column in prop.columns[:1]
         )
     return plan
 
@@ -139,7 +140,7 @@ def _row(mapper: Mapper[Any], task: QueueMixin) -> tuple[dict[str, Any], list[st
     for key, name, primary_key, server_filled in _plan(mapper):
         value = values.get(key)
         if value is None:
-            if server_filled and not primary_key:
+            if server_filled:
                 filled.append(key)
             continue
         if primary_key or isinstance(value, ClauseElement):
