@@ -43,22 +43,32 @@ if [ ! -x "$VENVS/$PEER/bin/python" ]; then
 fi
 
 cd "$HARNESS"
-# repetitions interleave the three (before, after, peer, before, ...): the
-# machine drifts during a run (2026-11-23: the same commit's rate fell by a
-# third from its first repetition to its third), and a side measured all at
-# once would carry the drift as if it were its own
-for rep in $(seq 1 "$REPS"); do
-  for side in before after; do
-    log "rep $rep: sqla_queue $side ($(git -C "$WORK/$side" rev-parse --short HEAD))"
+run_side() {  # run_side before|after|peer REP
+  if [ "$1" = peer ]; then
+    log "rep $2: peer $PEER"
     # shellcheck disable=SC2086  # DRIVER_ARGS is a list of options
-    PYTHONPATH="$WORK/$side/benchmarks/peers" "$VENVS/sqla_queue_$side/bin/python" driver.py \
-      --adapter sqla_queue_adapter --db "bench_sqla_queue_$side" --reps 1 --only c,d \
-      --out "$RESULTS/$side.$rep.json" ${DRIVER_ARGS:-}
+    PYTHONPATH="$HARNESS/adapters" "$VENVS/$PEER/bin/python" driver.py --adapter "${PEER}_adapter" \
+      --db "bench_$PEER" --reps 1 --only c,d --out "$RESULTS/$PEER.$2.json" ${DRIVER_ARGS:-}
+  else
+    log "rep $2: sqla_queue $1 ($(git -C "$WORK/$1" rev-parse --short HEAD))"
+    # shellcheck disable=SC2086
+    PYTHONPATH="$WORK/$1/benchmarks/peers" "$VENVS/sqla_queue_$1/bin/python" driver.py \
+      --adapter sqla_queue_adapter --db "bench_sqla_queue_$1" --reps 1 --only c,d \
+      --out "$RESULTS/$1.$2.json" ${DRIVER_ARGS:-}
+  fi
+}
+
+# repetitions interleave the three, and each repetition starts one place
+# further along (before after peer, after peer before, peer before after):
+# the machine drifts during a run (2026-11-23: the same commit's rate fell
+# by a third from its first repetition to its third), and a side measured
+# all at once, or always first, would carry the drift as if it were its own
+ORDER=(before after peer)
+for rep in $(seq 1 "$REPS"); do
+  shift_by=$(((rep - 1) % 3))
+  for i in 0 1 2; do
+    run_side "${ORDER[$(((i + shift_by) % 3))]}" "$rep"
   done
-  log "rep $rep: peer $PEER"
-  # shellcheck disable=SC2086
-  PYTHONPATH="$HARNESS/adapters" "$VENVS/$PEER/bin/python" driver.py --adapter "${PEER}_adapter" \
-    --db "bench_$PEER" --reps 1 --only c,d --out "$RESULTS/$PEER.$rep.json" ${DRIVER_ARGS:-}
 done
 
 python3 - "$RESULTS" "$PEER" <<'EOF'

@@ -277,8 +277,8 @@ TEMPLATE_FILES = ("README", "alembic.ini.mako", "env.py", "script.py.mako")
 
 
 def test_the_wheel_ships_the_alembic_templates_and_the_packages(tmp_path: Path) -> None:
-    """A real build (pip wheel, PEP 517): the top-level alembic_templates/
-    folder lands in the wheel as sqla_queue/alembic_templates/, next to
+    """A real build (pip wheel, PEP 517): sqla_queue/alembic_templates/
+    lands in the wheel with its README and .mako files, next to
     every subpackage of sqla_queue; and setuptools warns of nothing (it
     warned, in about 80 lines of make quickstart, that each template folder
     was absent from the packages configuration)."""
@@ -305,4 +305,31 @@ def test_the_wheel_ships_the_alembic_templates_and_the_packages(tmp_path: Path) 
     for package in packages:
         assert f"{package}/__init__.py" in names
     assert "sqla_queue/py.typed" in names
-    assert not any(name.startswith(("alembic_templates/", "tests/")) for name in names)
+    assert not any(name.startswith(("tests/", "benchmarks/", "examples/")) for name in names)
+
+
+def test_an_editable_install_prints_no_setuptools_notice(tmp_path: Path) -> None:
+    """``pip install -e .`` (what make quickstart runs) into a fresh
+    environment: a ``.pth`` file pointing at the checkout, and not a word
+    from setuptools (a package mapped from another folder made it install a
+    meta path finder and print a ten-line notice about it)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
+        + ["--disable-pip-version-check", "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # this machine's pip configuration names index folders that may be absent
+    said = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.strip() and "is ignored: it is neither a file nor a directory" not in line
+    ]
+    assert said == [], "\n".join(said)
+    (pth,) = venv.glob("lib/python*/site-packages/__editable__.sqla_queue*.pth")
+    assert pth.read_text().split() == [str(ROOT.resolve())]

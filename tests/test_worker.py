@@ -698,3 +698,34 @@ def test_claim_and_promotion_running_at_once_both_complete(
     assert errors == []
     assert promoted == [0]
     assert [t.id for t in claimed] == ids[:1]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("given", ["url", "used engine"])
+def test_every_sqlite_connection_of_a_worker_waits_out_the_write_lock(
+    engine: Engine, app: App, installed: None, db_url: str, given: str
+) -> None:
+    """The worker reads its queue_configuration before it knows its adapter.
+    The connection that read used to go back to the pool as pysqlite made it
+    (a 5-second busy timeout, pysqlite's own BEGINs), and a lane later took
+    it: under load, "database is locked" ended a burst worker. Now each
+    connection is set up when it is checked out, whenever it was made."""
+    if given == "url":
+        runner = Runner(app.RecordingWorker(), url=db_url, settings=Settings(), burst=True)
+    else:
+        used = create_engine(db_url)
+        with used.connect() as conn:  # the application's own work, before the worker
+            conn.execute(select(1))
+        runner = Runner(app.RecordingWorker(), engine=used, settings=Settings(), burst=True)
+    try:
+        assert runner.engine.pool.checkedin() == 1  # the connection made before the adapter
+        with runner.engine.connect() as conn:
+            raw: Any = conn.connection.dbapi_connection
+            assert raw.execute("PRAGMA busy_timeout").fetchone() == (30_000,)
+            assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            assert raw.isolation_level is None
+        [task_id] = enqueue(engine, app, {"n": 1})
+        assert runner.run() == 0
+        assert [row[0] for row in effects(engine, app)] == [task_id]
+    finally:
+        runner.engine.dispose()

@@ -21,6 +21,8 @@ from ..records import TaskRecord
 from .base import Adapter
 
 BUSY_TIMEOUT_SECONDS = 30.0
+# set on a pooled connection's record once it has the settings below
+_PREPARED = "sqla_queue_sqlite_prepared"
 
 
 def _use_wal(cursor: Any) -> None:
@@ -81,8 +83,14 @@ class SQLiteAdapter(Adapter):
             return
         engine._sqla_queue_sqlite = True  # type: ignore[attr-defined]
 
-        @event.listens_for(engine, "connect")
-        def _connect(dbapi_conn: Any, record: Any) -> None:
+        @event.listens_for(engine, "checkout")
+        def _checkout(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+            # at checkout, not at connect: the engine may have pooled
+            # connections from before this call (the worker reads its
+            # queue_configuration first), which would otherwise keep
+            # pysqlite's 5-second busy timeout and its own BEGINs
+            if record.info.get(_PREPARED):
+                return
             # let SQLAlchemy, not pysqlite, decide when transactions begin
             dbapi_conn.isolation_level = None
             cursor = dbapi_conn.cursor()
@@ -90,6 +98,7 @@ class SQLiteAdapter(Adapter):
             if engine.url.database not in (None, "", ":memory:"):
                 _use_wal(cursor)
             cursor.close()
+            record.info[_PREPARED] = True
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Connection) -> None:

@@ -1,10 +1,10 @@
 """The alembic templates and what their ``env.py`` calls.
 
-The templates are the repository's top-level ``alembic_templates/`` folder,
-which the wheel ships as the package ``sqla_queue.alembic_templates`` (see
-setup.py). Stock ``alembic init -t NAME`` looks for NAME in alembic's own
-folder only, so, as Flask-Migrate does, ``sqla-queue alembic init`` runs
-alembic's ``init`` with a ``Config`` whose template directory is ours.
+The templates are the package ``sqla_queue.alembic_templates`` (one folder
+each, listed in setup.py). Stock ``alembic init -t NAME`` looks for NAME in
+alembic's own folder only, so, as Flask-Migrate does, ``sqla-queue alembic
+init`` runs alembic's ``init`` with a ``Config`` whose template directory is
+ours.
 (``alembic init -t`` with the absolute path of one of our templates works
 too: ``sqla-queue alembic init --help`` prints where they are.)
 """

@@ -404,15 +404,22 @@ class Runner:
         lacks sqla-queue's lease columns: every claim would fail, and the
         worker would look alive doing nothing."""
         table = self.adapter.table
-        try:
-            with self.engine.connect() as conn:
-                exists = inspect(conn).has_table(table.name, schema=table.schema)
-                missing = self.adapter.missing_columns(conn) if exists else []
-        except DBAPIError as exc:
-            if self.burst or self.adapter.is_permanent(exc) or not _is_disconnect(exc):
-                raise self._database_error(exc) from exc
-            logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
-            return
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    exists = inspect(conn).has_table(table.name, schema=table.schema)
+                    missing = self.adapter.missing_columns(conn) if exists else []
+                break
+            except DBAPIError as exc:
+                if self.adapter.is_transient(exc):
+                    # SQLite's write lock held past the busy timeout by busy
+                    # neighbours: a lane would wait again too, never give up
+                    logger.warning("table check: %s; retrying", _describe(exc))
+                    continue
+                if self.burst or self.adapter.is_permanent(exc) or not _is_disconnect(exc):
+                    raise self._database_error(exc) from exc
+                logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
+                return
         where = self.engine.url.render_as_string(hide_password=True)
         if not exists:
             raise ConfigurationError(
