@@ -17,10 +17,11 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError
 
-from .catalog import SCHEMA_WIDE, resolve, show
+from .catalog import SCHEMA_WIDE
 from .exceptions import SqlaQueueError
 from .maintenance import ROUTINES
 from .redaction import describe_error
+from .resolution import resolve, show
 from .settings import Settings, normalize_url
 
 __all__ = ["config", "maintenance", "requeue"]

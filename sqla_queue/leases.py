@@ -36,15 +36,12 @@ from sqlalchemy import Engine
 from .adapters import Adapter
 from .mixins import WORKER_ID_MAX_LENGTH
 from .redaction import describe_error
-from .settings import Range
+from .ranges import DEFAULT_LEASE_SECONDS, LEASE_SECONDS
 
 __all__ = ["Claims", "Heartbeat", "LeasePolicy", "new_worker_id"]
 
 logger = logging.getLogger("sqla_queue.leases")
 
-DEFAULT_LEASE_SECONDS = 30.0
-#: shorter than half a second, heartbeats would be most of a worker's work
-LEASE_SECONDS = Range(0.5, 7 * 24 * 3600, unit="seconds")
 
 
 def new_worker_id() -> str:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from .catalog import BACKOFF_BASE_SECONDS, BACKOFF_FACTOR, BACKOFF_JITTER_SECONDS
 from .exceptions import ConfigurationError
-from .settings import BASE_INTERVAL_MINUTES, MAX_RETRY
+from .ranges import BASE_INTERVAL_MINUTES, MAX_RETRY
 
 __all__ = [
     "BACKOFF_BASE_SECONDS",

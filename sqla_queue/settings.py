@@ -22,6 +22,21 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError
 
 from .exceptions import ConfigurationError
+from .ranges import (
+    BASE_INTERVAL_MINUTES,
+    CHECK_SECONDS,
+    CREDENTIALS_TTL,
+    HTTP_TIMEOUT,
+    KEEPALIVE_SECONDS,
+    MAX_CLIENTS,
+    MAX_RETRY,
+    MAX_UNAUTHENTICATED,
+    PORT,
+    SOCKET_SECONDS,
+    TENANT_ENGINES,
+    WAIT_SECONDS,
+    Range,
+)
 
 if TYPE_CHECKING:
     from .catalog import QueueEnvironment
@@ -211,60 +226,6 @@ def database_url(env: Mapping[str, str] | None = None) -> URL | None:
     )
 
 
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting accepts, and how to say so in an error.
-
-    Every bound is finite, so NaN and the infinities are always refused
-    (``float("nan")`` parses, and would compare false with every bound)."""
-
-    low: float
-    high: float
-    integer: bool = False
-    #: ``low`` itself is refused (an interval that must be more than 0)
-    low_open: bool = False
-    unit: str = ""
-
-    def describe(self) -> str:
-        kind = "a whole number" if self.integer else "a number"
-        if self.unit:
-            kind += f" of {self.unit}"
-        low, high = _show(self.low), _show(self.high)
-        if self.low_open:
-            return f"{kind} greater than {low} and at most {high}"
-        return f"{kind} from {low} to {high}"
-
-    def contains(self, value: object) -> bool:
-        # bool is an int to Python, never to a setting: max_retry = True is a mistake
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if not math.isfinite(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        return above and value <= self.high
-
-    def check(self, name: str, value: object) -> float:
-        """``value`` if it is in range, else a ConfigurationError naming ``name``."""
-        if not self.contains(value):
-            raise ConfigurationError(f"{name} must be {self.describe()}, not {value!r}")
-        return value  # type: ignore[return-value]  # contains() checked it is a number
-
-
-def _show(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else str(bound)
-
-
-# Ranges shared by the environment variables and the worker's class attributes.
-#: attempts in all; a million is far past any real retry policy
-MAX_RETRY = Range(1, 1_000_000, integer=True)
-#: minutes; at most a day, so that attempt n's wait (n times this) stays within
-#: datetime's range even after a million attempts
-BASE_INTERVAL_MINUTES = Range(0, 24 * 60, unit="minutes")
-#: seconds an idle lane waits (poll, NOTIFY fallback); 0 would spin on the database
-WAIT_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
-PORT = Range(1, 65535, integer=True)
 
 
 def _number(env: Mapping[str, str], name: str, default: float, allowed: Range) -> float:
@@ -349,12 +310,6 @@ DEFAULT_CREDENTIALS_URL = "https://api.sre.nasajon.com.br/erp/credentials"
 DEFAULT_OAUTH_TOKEN_URL = (
     "https://auth.nasajon.com.br/auth/realms/master/protocol/openid-connect/token"
 )
-#: seconds a tenant's credentials are reused before the API is asked again
-CREDENTIALS_TTL = Range(0, 24 * 60 * 60, unit="seconds")
-#: engines kept open, one per tenant, least recently used evicted
-TENANT_ENGINES = Range(1, 10_000, integer=True)
-#: seconds an HTTP call to the token endpoint or the credentials API may take
-HTTP_TIMEOUT = Range(0, 300, low_open=True, unit="seconds")
 
 
 @dataclass(frozen=True)
@@ -398,16 +353,6 @@ class TenantSettings:
 
 
 # ------------------------------------------------------ client-server mode
-#: seconds one protocol message may take to arrive whole, and a server to answer
-SOCKET_SECONDS = Range(0, 3600, low_open=True, unit="seconds")
-#: clients the server serves at once (the seed's MAX_CLIENT_THREADS)
-MAX_CLIENTS = Range(1, 100_000, integer=True)
-#: connections that have not authenticated yet, in all and from one address
-MAX_UNAUTHENTICATED = Range(1, 100_000, integer=True)
-#: seconds between the server's looks at the queue (the seed's CHECK_TASKS_INTERVAL)
-CHECK_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
-#: seconds a connection may stay silent before its peer is probed
-KEEPALIVE_SECONDS = Range(1, 24 * 60 * 60, unit="seconds")
 #: a shared secret shorter than this is refused: it is all that keeps
 #: strangers from taking the locks
 SECRET_MIN_LENGTH = 16

@@ -39,11 +39,9 @@ from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, SqlaQueueError
 from .redaction import redact
+from .ranges import CREDENTIALS_TTL, HTTP_TIMEOUT, TENANT_ENGINES
 from .settings import (
     _DRIVERS,
-    CREDENTIALS_TTL,
-    HTTP_TIMEOUT,
-    TENANT_ENGINES,
     TenantSettings,
     driver_error,
     engine_options,

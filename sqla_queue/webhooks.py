@@ -62,7 +62,8 @@ from urllib.parse import unquote, urlencode, urljoin, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
 from .redaction import MASK, redact
-from .settings import Range, _flag, _number
+from .ranges import Range
+from .settings import _flag, _number
 from .webhook_guard import (
     AddressPolicy,
     Destination,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..catalog import Effective
+from ..resolution import Effective
 from ..leases import LeasePolicy
 from ..manager import TaskManager
 from .base import Routine, RoutineResult

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from ..adapters import Adapter
 from ..manager import TaskManager
-from ..settings import Range
+from ..ranges import Range
 from .base import Routine, RoutineResult
 from .timing import Schedule
 

@@ -24,7 +24,7 @@ from sqlalchemy import Engine
 
 from ..adapters import Adapter
 from ..adapters.base import PROMOTE_CHUNK
-from ..settings import WAIT_SECONDS, Range
+from ..ranges import WAIT_SECONDS, Range
 from .base import Routine, RoutineResult
 from .clock import Clock
 from .timing import Schedule

@@ -25,7 +25,7 @@ from ..catalog import ITEM_TTL_MINUTES
 from ..manager import dead_letter_row
 from ..mixins import MESSAGE_MAX_LENGTH, Status
 from ..redaction import fit_message
-from ..settings import Range
+from ..ranges import Range
 from .base import Routine, RoutineResult
 from .clock import Clock
 from .timing import Schedule

@@ -32,7 +32,8 @@ from ..exceptions import ConfigurationError
 from ..mixins import QueueMixin
 from ..records import TaskRecord
 from ..retry import LinearBackoff
-from ..settings import BASE_INTERVAL_MINUTES, MAX_RETRY, Range, Settings
+from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
+from ..settings import Settings
 from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
 from ..timelimit import Attempt, current_attempt
 

@@ -59,17 +59,19 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, ClaimFilter, adapter_for, providers
-from ..catalog import TIME_LIMIT_SECONDS, Effective, TableRow, resolve
+from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
-from ..leases import LEASE_SECONDS, Claims, Heartbeat, LeasePolicy, new_worker_id
+from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
 from ..maintenance import Maintenance, RoutineLock, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
 from ..manager import ConnectionLost, TaskManager, describe_traceback
 from ..mixins import channel_of
+from ..ranges import LEASE_SECONDS
 from ..records import TaskRecord
 from ..redaction import describe_error, redact
+from ..resolution import Effective, resolve
 from ..retry import ExponentialBackoff, RetryPolicy
 from ..routing import claim_filter_of
 from ..settings import Settings, engine_options, normalize_url

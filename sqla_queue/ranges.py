@@ -1,0 +1,115 @@
+"""The ranges numeric settings are checked against: a leaf module.
+
+Every setting that takes a number (an environment variable, a worker class
+attribute, a ``queue_configuration`` row) is checked against one of these
+when it is read, so NaN, the infinities and absurd values stop a worker at
+start with one line naming the setting. The settings, the catalogue, the
+leases and the routines all import from here; this module imports nothing
+of sqla-queue's but its exceptions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .exceptions import ConfigurationError
+
+__all__ = [
+    "BASE_INTERVAL_MINUTES",
+    "CHECK_SECONDS",
+    "CREDENTIALS_TTL",
+    "DEFAULT_LEASE_SECONDS",
+    "HTTP_TIMEOUT",
+    "KEEPALIVE_SECONDS",
+    "LEASE_SECONDS",
+    "MAX_CLIENTS",
+    "MAX_RETRY",
+    "MAX_UNAUTHENTICATED",
+    "PORT",
+    "SOCKET_SECONDS",
+    "TENANT_ENGINES",
+    "WAIT_SECONDS",
+    "Range",
+]
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting accepts, and how to say so in an error.
+
+    Every bound is finite, so NaN and the infinities are always refused
+    (``float("nan")`` parses, and would compare false with every bound)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    #: ``low`` itself is refused (an interval that must be more than 0)
+    low_open: bool = False
+    unit: str = ""
+
+    def describe(self) -> str:
+        kind = "a whole number" if self.integer else "a number"
+        if self.unit:
+            kind += f" of {self.unit}"
+        low, high = _show(self.low), _show(self.high)
+        if self.low_open:
+            return f"{kind} greater than {low} and at most {high}"
+        return f"{kind} from {low} to {high}"
+
+    def contains(self, value: object) -> bool:
+        # bool is an int to Python, never to a setting: max_retry = True is a mistake
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+    def check(self, name: str, value: object) -> float:
+        """``value`` if it is in range, else a ConfigurationError naming ``name``."""
+        if not self.contains(value):
+            raise ConfigurationError(f"{name} must be {self.describe()}, not {value!r}")
+        return value  # type: ignore[return-value]  # contains() checked it is a number
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+# Ranges shared by the environment variables and the worker's class attributes.
+#: attempts in all; a million is far past any real retry policy
+MAX_RETRY = Range(1, 1_000_000, integer=True)
+#: minutes; at most a day, so that attempt n's wait (n times this) stays within
+#: datetime's range even after a million attempts
+BASE_INTERVAL_MINUTES = Range(0, 24 * 60, unit="minutes")
+#: seconds an idle lane waits (poll, NOTIFY fallback); 0 would spin on the database
+WAIT_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
+PORT = Range(1, 65535, integer=True)
+
+#: seconds a lease lasts unless renewed
+DEFAULT_LEASE_SECONDS = 30.0
+#: shorter than half a second, heartbeats would be most of a worker's work
+LEASE_SECONDS = Range(0.5, 7 * 24 * 3600, unit="seconds")
+
+# ------------------------------------------------------ multi-database tenants
+#: seconds a tenant's credentials are reused before the API is asked again
+CREDENTIALS_TTL = Range(0, 24 * 60 * 60, unit="seconds")
+#: engines kept open, one per tenant, least recently used evicted
+TENANT_ENGINES = Range(1, 10_000, integer=True)
+#: seconds an HTTP call to the token endpoint or the credentials API may take
+HTTP_TIMEOUT = Range(0, 300, low_open=True, unit="seconds")
+
+# ------------------------------------------------------ client-server mode
+#: seconds one protocol message may take to arrive whole, and a server to answer
+SOCKET_SECONDS = Range(0, 3600, low_open=True, unit="seconds")
+#: clients the server serves at once (the seed's MAX_CLIENT_THREADS)
+MAX_CLIENTS = Range(1, 100_000, integer=True)
+#: connections that have not authenticated yet, in all and from one address
+MAX_UNAUTHENTICATED = Range(1, 100_000, integer=True)
+#: seconds between the server's looks at the queue (the seed's CHECK_TASKS_INTERVAL)
+CHECK_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
+#: seconds a connection may stay silent before its peer is probed
+KEEPALIVE_SECONDS = Range(1, 24 * 60 * 60, unit="seconds")
