@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from .cli import print_ddl
+from .cli.commands import print_ddl
 
 
 @click.command()

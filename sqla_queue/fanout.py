@@ -37,6 +37,7 @@ from .adapters import Adapter
 from .exceptions import FanOutError
 from .mixins import Status
 from .payload import hash_payload, serialize_payload
+from .pipeline import Handler
 from .records import TaskRecord
 from .subscribers import SUBSCRIBER_COLUMN_NAMES, SubscriptionRecord
 from .webhook_guard import show_url
@@ -50,7 +51,6 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 #: copies per INSERT (or COPY) statement
 CHUNK_ROWS = 1000
 
-Handler = Callable[[TaskRecord, Session], Any]
 
 
 def copy_payload(publication: TaskRecord, subscription: SubscriptionRecord) -> str | None:

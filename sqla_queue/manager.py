@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from .adapters import Adapter
 from .mixins import MESSAGE_MAX_LENGTH, Status
+from .pipeline import BatchStage, Handler
 from .records import TaskRecord
 from .redaction import describe_error, fit_message, redact
 from .retry import LinearBackoff, RetryPolicy
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from .fanout import FanOut
     from .leases import Claims, LeasePolicy
     from .timelimit import TimeLimiter
-    from .worker.webhook import WebhookStage
 
 __all__ = [
     "BatchResult",
@@ -67,7 +67,6 @@ EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
 NO_RETRY_SUFFIX = ". Falha sem nova tentativa: enviada à fila de mortos."
 RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
 
-Handler = Callable[[TaskRecord, Session], Any]
 
 
 class ConnectionLost(Exception):
@@ -122,7 +121,7 @@ class TaskManager:
         claims: Claims,
         lease: LeasePolicy,
         fanout: FanOut | None = None,
-        stage: WebhookStage | None = None,
+        stage: BatchStage | None = None,
         no_retry: tuple[type[BaseException], ...] = (),
         time_limiter: TimeLimiter | None = None,
         lease_for: Callable[[TaskRecord], float] | None = None,

@@ -47,6 +47,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from .exceptions import SqlaQueueError
+from .pipeline import Handler
 from .records import TaskRecord
 from .redaction import describe_error
 
@@ -64,7 +65,6 @@ logger = logging.getLogger("sqla_queue.worker")
 #: how long an interrupted handler has to stop before its thread is abandoned
 GRACE_SECONDS = 2.0
 
-Handler = Callable[[TaskRecord, Session], Any]
 
 
 class TimeLimitExceeded(SqlaQueueError):

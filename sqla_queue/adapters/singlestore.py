@@ -19,7 +19,7 @@ lease it read, so a worker that renewed it meanwhile keeps its task. Lease
 renewals are one update guarded by the claim (status and owner).
 
 Wake-ups and maintenance locks come from the queue server: a SingleStore
-worker refuses to start without ``CLIENT_SERVER_MODE`` (providers.py).
+worker refuses to start without ``CLIENT_SERVER_MODE`` (sqla_queue/worker/providers.py).
 
 Not run here: no SingleStore server is available on this machine. The DDL is
 compiled with the SingleStore dialect (``ddl_singlestore.py``), and this

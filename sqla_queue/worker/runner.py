@@ -58,7 +58,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
-from ..adapters import Adapter, ClaimFilter, adapter_for, providers
+from ..adapters import Adapter, ClaimFilter, adapter_for
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
@@ -78,8 +78,9 @@ from ..settings import Settings, engine_options, normalize_url
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter, TimeLimitExceeded
 from ..types import dialect_family
+from . import providers
 from .base import WorkerBase
-from .webhook import WebhookStage, webhook_subscribers_of
+from ..stages.webhook import WebhookStage, webhook_subscribers_of
 
 logger = logging.getLogger("sqla_queue.worker")
 

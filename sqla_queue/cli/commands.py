@@ -1,9 +1,7 @@
-"""The ``sqla-queue`` command (click: small, well kept, already the de facto
-standard for Python CLIs, and testable through its runner or a subprocess)."""
+"""The ``sqla-queue`` group and its worker, schema and server commands."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -12,43 +10,13 @@ from typing import Any
 
 import click
 
-from .ddl import DIALECTS, queue_ddl
-from .exceptions import SqlaQueueError, WorkerImportError
-from .mixins import QueueMixin
-from .settings import Settings
-from .spark.cli import spark
-from .subscribers import SubscriberMixin
-from .worker import WorkerBase, WorkerWebhook
-
-
-def _import(spec: str, what: str) -> Any:
-    """``package.module:Name`` -> the object, or a one-line error about ``what``."""
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise WorkerImportError(f"give the {what} as module:Class, not {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise WorkerImportError(f"cannot import {module_name!r}: {exc}") from exc
-    return getattr(module, name, None)
-
-
-def load_worker(spec: str) -> type[WorkerBase]:
-    """``package.module:ClassName`` -> the WorkerBase subclass."""
-    cls = _import(spec, "worker")
-    if not (isinstance(cls, type) and issubclass(cls, WorkerBase)):
-        raise WorkerImportError(f"{spec!r} is not a WorkerBase subclass")
-    return cls
-
-
-def load_model(spec: str, mixin: type, what: str) -> type:
-    """``package.module:Model`` -> a mapped model class using ``mixin``."""
-    cls = _import(spec, what)
-    if not (isinstance(cls, type) and issubclass(cls, mixin) and hasattr(cls, "__table__")):
-        raise WorkerImportError(f"{spec!r} is not a mapped {mixin.__name__} model")
-    return cls
+from ..ddl import DIALECTS, queue_ddl
+from ..exceptions import SqlaQueueError, WorkerImportError
+from ..mixins import QueueMixin
+from ..settings import Settings
+from ..subscribers import SubscriberMixin
+from ..worker import WorkerBase, WorkerWebhook
+from .loading import load_model, load_worker
 
 
 @click.group()
@@ -239,7 +207,7 @@ def alembic_init(directory: str, template: str, metadata: str | None, config_fil
     """
     from alembic.util import CommandError
 
-    from .alembic import init
+    from ..alembic import init
 
     try:
         init(directory, template, config_file=config_file, metadata=metadata)
@@ -285,7 +253,7 @@ def server(
     it, QUEUE_TABLE and QUEUE_NAME do. Needs SQLA_QUEUE_SERVER_SECRET."""
     try:
         settings = _settings_and_logging(log_level)
-        from .server.main import queue_of, serve  # only the server needs asyncio
+        from ..server.main import queue_of, serve  # only the server needs asyncio
 
         table, channel = queue_of(load_worker(worker) if worker else None, settings)
         code = serve(
@@ -300,18 +268,3 @@ def server(
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
-
-
-# --- maintenance, requeue, config (h16-maint): sqla_queue/cli_maintenance.py
-from .cli_maintenance import config, maintenance, requeue  # noqa: E402
-
-main.add_command(maintenance)
-main.add_command(requeue)
-main.add_command(config)
-
-
-main.add_command(spark)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

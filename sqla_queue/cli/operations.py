@@ -17,12 +17,13 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError
 
-from .catalog import SCHEMA_WIDE
-from .exceptions import SqlaQueueError
-from .maintenance import ROUTINES
-from .redaction import describe_error
-from .resolution import resolve, show
-from .settings import Settings, normalize_url
+from ..catalog import SCHEMA_WIDE
+from ..exceptions import SqlaQueueError
+from ..maintenance import ROUTINES
+from ..redaction import describe_error
+from ..resolution import resolve, show
+from ..settings import Settings, normalize_url
+from .loading import load_worker
 
 __all__ = ["config", "maintenance", "requeue"]
 
@@ -44,8 +45,7 @@ class _Timestamp(click.ParamType):  # type: ignore[type-arg]
 def _runner(worker: str, url: str | None) -> Iterator[Any]:
     """The worker's runner (not started): its engine, adapter, settings and
     routines; one Error line for a mistake or a database error."""
-    from .cli import load_worker
-    from .worker.runner import Runner
+    from ..worker.runner import Runner
 
     runner = None
     try:
@@ -109,7 +109,7 @@ def requeue(
     """Requeue dead tasks of WORKER's queue: each starts a new chain with its
     payload, linked to the old one, once. Select them with --id, --process,
     --since/--until, or --all."""
-    from .client import QueueClient
+    from ..client import QueueClient
 
     if not (ids or process or since or until or all_dead):
         raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")
@@ -163,7 +163,6 @@ def config() -> None:
 def config_show(worker: str, url: str | None) -> None:
     """Print WORKER's effective settings and where each comes from (its
     class, a variable, the queue_configuration table, the default)."""
-    from .cli import load_worker
 
     try:
         settings = Settings.from_env()

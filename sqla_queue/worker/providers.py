@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 
 from ..exceptions import ConfigurationError
 from ..settings import Settings
-from .base import Adapter, Listener
+from ..adapters.base import Adapter, Listener
 
 if TYPE_CHECKING:
     from ..server.client import ServerRoutineLock

@@ -1,0 +1,1 @@
+"""Batch stages: work a claimed batch needs outside its transaction."""
