@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -52,7 +52,6 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 CHUNK_ROWS = 1000
 
 
-
 def copy_payload(publication: TaskRecord, subscription: SubscriptionRecord) -> str | None:
     """The reference's copy payload text (see the module docstring)."""
     shown = subscription.as_dict()

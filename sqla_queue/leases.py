@@ -35,13 +35,12 @@ from sqlalchemy import Engine
 
 from .adapters import Adapter
 from .mixins import WORKER_ID_MAX_LENGTH
-from .redaction import describe_error
 from .ranges import DEFAULT_LEASE_SECONDS, LEASE_SECONDS
+from .redaction import describe_error
 
 __all__ = ["Claims", "Heartbeat", "LeasePolicy", "new_worker_id"]
 
 logger = logging.getLogger("sqla_queue.leases")
-
 
 
 def new_worker_id() -> str:

@@ -68,7 +68,6 @@ NO_RETRY_SUFFIX = ". Falha sem nova tentativa: enviada à fila de mortos."
 RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
 
 
-
 class ConnectionLost(Exception):
     """The work connection died under a batch; the lane must reconnect."""
 

@@ -12,7 +12,6 @@ is reported with the extra that installs it (:func:`driver_error`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -224,8 +223,6 @@ def database_url(env: Mapping[str, str] | None = None) -> URL | None:
         port=port_number,
         database=name,
     )
-
-
 
 
 def _number(env: Mapping[str, str], name: str, default: float, allowed: Range) -> float:

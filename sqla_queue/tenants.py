@@ -38,8 +38,8 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, SqlaQueueError
-from .redaction import redact
 from .ranges import CREDENTIALS_TTL, HTTP_TIMEOUT, TENANT_ENGINES
+from .redaction import redact
 from .settings import (
     _DRIVERS,
     TenantSettings,

@@ -66,7 +66,6 @@ logger = logging.getLogger("sqla_queue.worker")
 GRACE_SECONDS = 2.0
 
 
-
 class TimeLimitExceeded(SqlaQueueError):
     """The handler ran past its time limit and was abandoned."""
 

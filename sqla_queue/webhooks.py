@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlencode, urljoin, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
-from .redaction import MASK, redact
 from .ranges import Range
+from .redaction import MASK, redact
 from .settings import _flag, _number
 from .webhook_guard import (
     AddressPolicy,

@@ -316,9 +316,9 @@ def test_an_editable_install_prints_no_setuptools_notice(tmp_path: Path) -> None
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
-        + ["--disable-pip-version-check", "-e", str(ROOT)],
+        [*pip, "install", "-q", "--no-deps", "-e", str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,

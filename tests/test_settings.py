@@ -16,8 +16,8 @@ from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import ConfigurationError, WorkerBase
 from sqla_queue.catalog import CATALOGUE, render_reference, splice_reference
-from sqla_queue.resolution import resolve
 from sqla_queue.configuration_table import configuration_table
+from sqla_queue.resolution import resolve
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.worker import Runner
 from tests import bad_workers

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import click
 
 from ..ddl import DIALECTS, queue_ddl
-from ..exceptions import SqlaQueueError, WorkerImportError
+from ..exceptions import SqlaQueueError
 from ..mixins import QueueMixin
 from ..settings import Settings
 from ..subscribers import SubscriberMixin

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..resolution import Effective
 from ..leases import LeasePolicy
 from ..manager import TaskManager
+from ..resolution import Effective
 from .base import Routine, RoutineResult
 from .clock import Clock, ManualClock, SystemClock
 from .lock import RoutineLock, routine_lock_for

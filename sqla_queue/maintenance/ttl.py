@@ -24,8 +24,8 @@ from ..adapters import Adapter
 from ..catalog import ITEM_TTL_MINUTES
 from ..manager import dead_letter_row
 from ..mixins import MESSAGE_MAX_LENGTH, Status
-from ..redaction import fit_message
 from ..ranges import Range
+from ..redaction import fit_message
 from .base import Routine, RoutineResult
 from .clock import Clock
 from .timing import Schedule

@@ -30,9 +30,10 @@ from sqlalchemy.orm import Session
 from ..catalog import check_attributes
 from ..exceptions import ConfigurationError
 from ..mixins import QueueMixin
+from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
 from ..records import TaskRecord
 from ..retry import LinearBackoff
-from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
+from ..routing import claim_filter_of
 from ..settings import Settings
 from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
 from ..timelimit import Attempt, current_attempt
@@ -336,6 +337,43 @@ class WorkerBase(abc.ABC):
         check_processes(f"{name}.processes", cls.processes)
 
     @classmethod
+    def overrides(cls, method: str) -> bool:
+        """Whether this class defines its own ``method`` (``time_limit_for``,
+        ``lease_seconds_for``): the runner then asks it for every task."""
+        return getattr(cls, method) is not getattr(WorkerBase, method)
+
+    @classmethod
+    def unrouted_warning(cls, table_name: str) -> str | None:
+        """The start-up warning of a worker class that claims every task of
+        its table (``processes`` unset, no subscriptions): any other worker's
+        task runs here too. Other such classes on the same table that this
+        process has loaded (the same module defines them, say) are named:
+        each of them would run the other's tasks. None when the class
+        routes its claims."""
+        if not _takes_every_task(cls):
+            return None
+        table = cls.queue_model().__table__
+        others = sorted(
+            {
+                other.__name__
+                for other in _concrete_workers(WorkerBase)
+                if other is not cls
+                and getattr(getattr(other, "model", None), "__table__", None) is table
+                and _takes_every_task(other)
+            }
+        )
+        message = f"worker {cls.__name__} takes every process of {table_name} (processes is unset)"
+        if others:
+            return (
+                f"{message}, and so does {', '.join(others)} (loaded in this process): "
+                "each runs the others' tasks; set processes on each"
+            )
+        return (
+            f"{message}: a task meant for another worker class runs here; "
+            "set processes = {...} to claim only its own"
+        )
+
+    @classmethod
     def queue_model(cls) -> type[QueueMixin]:
         model = getattr(cls, "model", None)
         if not (
@@ -400,3 +438,18 @@ def _takes(method: Any, count: int) -> bool:
     except ValueError:
         return True
     return True
+
+
+def _takes_every_task(cls: type[WorkerBase]) -> bool:
+    try:
+        return claim_filter_of(cls) is None
+    except ConfigurationError:  # another class, refused when it runs
+        return False
+
+
+def _concrete_workers(base: type) -> Iterator[type[WorkerBase]]:
+    cls: type[WorkerBase]
+    for cls in base.__subclasses__():
+        if not getattr(cls, "__abstractmethods__", None):
+            yield cls
+        yield from _concrete_workers(cls)

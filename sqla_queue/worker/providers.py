@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from ..adapters.base import Adapter, Listener
 from ..exceptions import ConfigurationError
 from ..settings import Settings
-from ..adapters.base import Adapter, Listener
 
 if TYPE_CHECKING:
     from ..server.client import ServerRoutineLock

@@ -75,12 +75,12 @@ from ..resolution import Effective, resolve
 from ..retry import ExponentialBackoff, RetryPolicy
 from ..routing import claim_filter_of
 from ..settings import Settings, engine_options, normalize_url
+from ..stages.webhook import WebhookStage, webhook_subscribers_of
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter, TimeLimitExceeded
 from ..types import dialect_family
 from . import providers
-from .base import WorkerBase
-from ..stages.webhook import WebhookStage, webhook_subscribers_of
+from .contract import Worker
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -112,7 +112,7 @@ class BatchLimit:
 class Runner:
     def __init__(
         self,
-        worker: WorkerBase,
+        worker: Worker,
         *,
         url: str | URL | None = None,
         engine: Engine | None = None,
@@ -250,7 +250,7 @@ class Runner:
 
     def _time_limiter(self) -> TimeLimiter | None:
         cls = type(self.worker)
-        per_task = cls.time_limit_for is not WorkerBase.time_limit_for
+        per_task = cls.overrides("time_limit_for")
         if self.effective["time_limit"] is None and not per_task:
             return None
         worker = self.worker
@@ -271,7 +271,7 @@ class Runner:
 
     def _lease_for(self) -> Any:
         cls = type(self.worker)
-        if cls.lease_seconds_for is WorkerBase.lease_seconds_for:
+        if not cls.overrides("lease_seconds_for"):
             return None
         worker, default = self.worker, self.lease.seconds
 
@@ -369,7 +369,7 @@ class Runner:
             self.engine.url.render_as_string(hide_password=True),
             ", burst" if self.burst else "",
         )
-        unrouted = _unrouted_warning(type(self.worker), self.adapter.qualified_name)
+        unrouted = type(self.worker).unrouted_warning(self.adapter.qualified_name)
         if unrouted is not None:
             logger.warning(unrouted)
         try:
@@ -542,7 +542,7 @@ class Runner:
         return self.settings.poll_interval_seconds
 
 
-def _webhook_stage(cls: type[WorkerBase], subscriber_table: Any) -> WebhookStage | None:
+def _webhook_stage(cls: type[Worker], subscriber_table: Any) -> WebhookStage | None:
     """The webhook delivery of a worker class that hands copies to it."""
     if subscriber_table is None:
         return None
@@ -552,52 +552,7 @@ def _webhook_stage(cls: type[WorkerBase], subscriber_table: Any) -> WebhookStage
     return WebhookStage(subscriber_table, ids, concurrency=getattr(cls, "webhook_concurrency", 8))
 
 
-def _unrouted_warning(cls: type[WorkerBase], table_name: str) -> str | None:
-    """The start-up warning of a worker class that claims every task of its
-    table (``processes`` unset, no subscriptions): any other worker's task
-    runs here too. Other such classes on the same table that this process
-    has loaded (the same module defines them, say) are named: each of them
-    would run the other's tasks. None when the class routes its claims."""
-    if not _takes_every_task(cls):
-        return None
-    table = cls.queue_model().__table__
-    others = sorted(
-        {
-            other.__name__
-            for other in _concrete_workers(WorkerBase)
-            if other is not cls
-            and getattr(getattr(other, "model", None), "__table__", None) is table
-            and _takes_every_task(other)
-        }
-    )
-    message = f"worker {cls.__name__} takes every process of {table_name} (processes is unset)"
-    if others:
-        return (
-            f"{message}, and so does {', '.join(others)} (loaded in this process): "
-            "each runs the others' tasks; set processes on each"
-        )
-    return (
-        f"{message}: a task meant for another worker class runs here; "
-        "set processes = {...} to claim only its own"
-    )
-
-
-def _takes_every_task(cls: type[WorkerBase]) -> bool:
-    try:
-        return claim_filter_of(cls) is None
-    except ConfigurationError:  # another class, refused when it runs
-        return False
-
-
-def _concrete_workers(base: type) -> Iterator[type[WorkerBase]]:
-    cls: type[WorkerBase]
-    for cls in base.__subclasses__():
-        if not getattr(cls, "__abstractmethods__", None):
-            yield cls
-        yield from _concrete_workers(cls)
-
-
-def _subscriber_table(cls: type[WorkerBase]) -> Any:
+def _subscriber_table(cls: type[Worker]) -> Any:
     """The subscriber table a worker class fans publications out to, if any."""
     model = getattr(cls, "subscriber_model", None)
     if isinstance(model, type) and issubclass(model, SubscriberMixin):

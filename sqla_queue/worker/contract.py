@@ -1,0 +1,61 @@
+"""What the runner needs of a worker: the contract ``WorkerBase`` fulfils.
+
+The runner and the parts it builds know a worker only through this
+protocol, so that :mod:`sqla_queue.worker.base` can start a runner
+(``WorkerBase.run()``) without the runner importing the base class back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from sqlalchemy.orm import Session
+
+from ..records import TaskRecord
+
+if TYPE_CHECKING:
+    from ..mixins import QueueMixin
+    from ..retry import RetryPolicy
+    from ..settings import Settings
+
+__all__ = ["Worker"]
+
+
+class Worker(Protocol):
+    """A worker as the runner drives it (see ``WorkerBase`` for each member)."""
+
+    batch_size: ClassVar[int]
+    batch_seconds: ClassVar[float]
+    transaction_per_task: ClassVar[bool]
+    nsj_locks: ClassVar[bool | None]
+    no_retry: ClassVar[tuple[type[BaseException], ...]]
+    #: set by the runner from the effective configuration
+    _lease_seconds: float
+    _time_limit_seconds: float | None
+
+    @classmethod
+    def queue_model(cls) -> type[QueueMixin]: ...
+
+    @classmethod
+    def check_configuration(cls) -> None: ...
+
+    @classmethod
+    def overrides(cls, method: str) -> bool:
+        """Whether the class defines its own ``method`` (``time_limit_for``,
+        ``lease_seconds_for``): the runner then asks it for every task."""
+        ...
+
+    @classmethod
+    def unrouted_warning(cls, table_name: str) -> str | None: ...
+
+    def dispatch(self, task: TaskRecord, session: Session) -> str | None: ...
+
+    def lease_seconds_for(self, task: TaskRecord) -> float: ...
+
+    def time_limit_for(self, task: TaskRecord) -> float | None: ...
+
+    def open_tenants(self, settings: Settings, concurrency: int = 1) -> Any: ...
+
+    def close_tenants(self) -> None: ...
+
+    def backoff(self, settings: Settings) -> RetryPolicy: ...
