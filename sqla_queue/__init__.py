@@ -28,6 +28,8 @@ from .records import TaskRecord
 from .settings import Settings
 from .subscribers import SubscriberMixin, SubscriptionRecord
 from .worker import (
+    QueueApp,
+    Runner,
     SubscriberWebhook,
     WorkerBase,
     WorkerPubSubBase,
@@ -46,8 +48,10 @@ __all__ = [
     "JsonText",
     "NotInstalledError",
     "PayloadError",
+    "QueueApp",
     "QueueClient",
     "QueueMixin",
+    "Runner",
     "Settings",
     "SqlaQueueError",
     "Status",

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, WorkerBase
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
-from sqla_queue.worker import Runner
+from sqla_queue.worker import QueueApp, Runner
 from tests.app import App
 from tests.conftest import lock_waits, wait_until
 
@@ -729,3 +729,30 @@ def test_every_sqlite_connection_of_a_worker_waits_out_the_write_lock(
         assert [row[0] for row in effects(engine, app)] == [task_id]
     finally:
         runner.engine.dispose()
+
+
+def test_a_worker_runs_in_a_thread_of_the_application_and_stops_when_asked(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The documented in-process way (docs/lifecycle.md, "In-process"): a
+    QueueApp's parts, a Runner on them in a thread of the application's
+    (no signal handlers there), and stop() from another thread, which lets
+    the running batch finish and returns run() with 0."""
+    first = enqueue(engine, app, {"n": 1}, {"n": 2})
+    parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), concurrency=2)
+    runner = Runner(app=parts)
+    returned: list[int] = []
+    thread = threading.Thread(target=lambda: returned.append(runner.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(effects(engine, app)) == 2, message="the two tasks to run")
+        later = enqueue(engine, app, {"n": 3})  # woken by NOTIFY, or by the poll
+        wait_until(lambda: len(effects(engine, app)) == 3, message="a task enqueued later")
+    finally:
+        runner.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert returned == [0]
+    assert sorted(task_id for task_id, _, _ in effects(engine, app)) == sorted(first + later)
+    [after_stop] = enqueue(engine, app, {"n": 4})
+    assert [t.status for t in tasks(engine, app) if t.id == after_stop] == ["pendente"]

@@ -42,26 +42,26 @@ class _Timestamp(click.ParamType):  # type: ignore[type-arg]
 
 
 @contextlib.contextmanager
-def _runner(worker: str, url: str | None) -> Iterator[Any]:
-    """The worker's runner (not started): its engine, adapter, settings and
-    routines; one Error line for a mistake or a database error."""
-    from ..worker.runner import Runner
+def _app(worker: str, url: str | None) -> Iterator[Any]:
+    """The worker's parts (nothing started): its engine, adapter, settings
+    and routines; one Error line for a mistake or a database error."""
+    from ..worker.app import QueueApp
 
-    runner = None
+    app = None
     try:
         cls = load_worker(worker)
         cls.check_configuration()
-        runner = Runner(cls(), url=url, settings=Settings.from_env())
-        runner._check_table()
-        yield runner
+        app = QueueApp(cls(), url=url, settings=Settings.from_env())
+        app.check_table(wait_for_database=True)
+        yield app
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     except DBAPIError as exc:
         raise click.ClickException(f"database error: {describe_error(exc)}") from exc
     finally:
-        if runner is not None:
-            runner.worker.close_tenants()
-            runner.engine.dispose()
+        if app is not None:
+            app.close()
+            app.engine.dispose()
 
 
 @click.group()
@@ -78,8 +78,8 @@ def run(routine: str, worker: str, url: str | None, dry_run: bool) -> None:
     """Run ROUTINE (rescue, schedule, purge, ttl) of WORKER's queue once, now,
     and print what it did. It takes no lock: the routines are safe beside
     running workers."""
-    with _runner(worker, url) as runner:
-        result = runner.maintenance.run_now(routine, dry_run=dry_run)
+    with _app(worker, url) as app:
+        result = app.maintenance.run_now(routine, dry_run=dry_run)
     click.echo(result.describe())
     if result.error:
         raise click.ClickException(f"{routine} stopped: {result.error}")
@@ -113,10 +113,10 @@ def requeue(
 
     if not (ids or process or since or until or all_dead):
         raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")
-    with _runner(worker, url) as runner, runner.engine.connect() as conn:
+    with _app(worker, url) as app, app.engine.connect() as conn:
         transaction = conn.begin()
         try:
-            done = QueueClient(conn, runner.adapter.table).requeue_dead(
+            done = QueueClient(conn, app.adapter.table).requeue_dead(
                 ids or None,
                 process=process,
                 since=since,
@@ -172,9 +172,9 @@ def config_show(worker: str, url: str | None) -> None:
             click.echo("(no database given: queue_configuration not read)")
             effective = resolve(cls, settings, None)
         else:
-            with _runner(worker, url) as runner:
-                effective = runner.effective
-                rows = runner.configuration_rows
+            with _app(worker, url) as app:
+                effective = app.effective
+                rows = app.configuration_rows
                 click.echo(f"queue_configuration: {_rows_applied(rows)}")
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -7,8 +7,10 @@ protocol, so that :mod:`sqla_queue.worker.base` can start a runner
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
 from ..records import TaskRecord
@@ -29,6 +31,7 @@ class Worker(Protocol):
     transaction_per_task: ClassVar[bool]
     nsj_locks: ClassVar[bool | None]
     no_retry: ClassVar[tuple[type[BaseException], ...]]
+    purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None]
     #: set by the runner from the effective configuration
     _lease_seconds: float
     _time_limit_seconds: float | None

@@ -1,0 +1,363 @@
+"""The composition root: a worker's parts, built once, in one place.
+
+:class:`QueueApp` takes a worker (a ``WorkerBase`` instance) and a URL or an
+engine, and builds everything the worker's queue needs: the engine (one
+factory, sized for the lanes), the effective configuration (class attribute,
+environment, ``queue_configuration`` table, default), the adapter, the
+leases and claims, the retry policy, the time limits, the batch stages
+(pub/sub fan-out, webhook delivery), the manager, the maintenance routines
+and their lock provider. The :class:`~sqla_queue.worker.runner.Runner` only
+runs lanes, the heartbeat, the wake-ups and the signals on these parts; the
+operations commands (``maintenance run``, ``requeue``, ``config show``) use
+the root alone and start nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+
+from ..adapters import Adapter, ClaimFilter, adapter_for
+from ..catalog import TIME_LIMIT_SECONDS, TableRow
+from ..configuration_table import configuration_table_of, read_rows
+from ..exceptions import ConfigurationError, WorkerDatabaseError
+from ..fanout import FanOut
+from ..leases import Claims, LeasePolicy, new_worker_id
+from ..maintenance import Maintenance, RoutineLock, build_routines, routine_lock_for
+from ..maintenance.clock import Clock, SystemClock
+from ..manager import TaskManager
+from ..mixins import channel_of
+from ..ranges import LEASE_SECONDS
+from ..records import TaskRecord
+from ..redaction import redact
+from ..resolution import Effective, resolve
+from ..retry import ExponentialBackoff, RetryPolicy
+from ..routing import claim_filter_of
+from ..settings import Settings, engine_options, normalize_url
+from ..stages.webhook import WebhookStage, webhook_subscribers_of
+from ..subscribers import SubscriberMixin
+from ..timelimit import TimeLimiter
+from ..types import dialect_family
+from . import providers
+from .contract import Worker
+
+__all__ = ["QueueApp"]
+
+logger = logging.getLogger("sqla_queue.worker")
+
+
+class QueueApp:
+    """A worker's parts (see the module). ``concurrency``: the lanes the
+    engine's pool must serve; ``batch_size``: the most tasks a claim takes
+    (default: the worker's; 1 for ``transaction_per_task``)."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        url: str | URL | None = None,
+        engine: Engine | None = None,
+        concurrency: int = 1,
+        batch_size: int | None = None,
+        settings: Settings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        type(worker).check_configuration()
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, not {concurrency}")
+        self.worker = worker
+        self.settings = settings or Settings.from_env()
+        self.concurrency = concurrency
+        cls = type(worker)
+        self.batch_size = 1 if cls.transaction_per_task else (batch_size or worker.batch_size)
+        # multi-database tenants: the engine cache, closed by close() (docs/tenants.md)
+        worker.open_tenants(self.settings, concurrency)
+        model = cls.queue_model()
+        self.engine = engine or self._create_engine(url)
+        self._check_pool()
+        #: the queue_configuration rows (None: no such table, or not read)
+        self.configuration_rows = self._read_configuration(model)
+        self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)
+        effective = self.effective
+        # the table's values for what Settings holds, for the code that reads it
+        self.settings = dataclasses.replace(
+            self.settings,
+            max_retry=effective["max_retry"],
+            base_interval_retry_minutes=effective["retry_interval_minutes"],
+            listen_fallback_seconds=effective["wait_notify_interval"],
+            poll_interval_seconds=effective["poll_interval"],
+            task_locks=effective["task_locks"],
+        )
+        self.lease = LeasePolicy(effective["lease_seconds"])
+        worker._lease_seconds = self.lease.seconds
+        worker._time_limit_seconds = effective["time_limit"]
+        table = model.__table__
+        providers.check_dialect(dialect_family(self.engine.dialect), self.settings)
+        claim_filter = claim_filter_of(cls)
+        if effective["item_delay"]:
+            claim_filter = dataclasses.replace(
+                claim_filter or ClaimFilter(), delay_seconds=effective["item_delay"]
+            )
+        self.adapter: Adapter = adapter_for(
+            self.engine.dialect,
+            table,  # type: ignore[arg-type]
+            channel_of(model, table),  # type: ignore[arg-type]
+            task_locks=providers.task_locks(effective["task_locks"], self.settings),
+            claim_filter=claim_filter,
+            nsj_locks=self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks,
+        )
+        self.adapter.prepare_engine(self.engine)
+        self.worker_id = new_worker_id()
+        self.claims = Claims(self.worker_id)
+        subscriber_table = _subscriber_table(cls)
+        self.fanout = FanOut(self.adapter, subscriber_table, worker_name=cls.__name__)
+        self.stage = _webhook_stage(cls, subscriber_table)
+        self.time_limiter = self._time_limiter()
+        self.manager = TaskManager(
+            self.adapter,
+            self._retry_policy(),
+            claims=self.claims,
+            lease=self.lease,
+            fanout=self.fanout,
+            stage=self.stage,
+            no_retry=cls.no_retry,
+            time_limiter=self.time_limiter,
+            lease_for=self._lease_for(),
+        )
+        #: set to wake idle lanes (the schedule routine sets it too)
+        self.wake = threading.Event()
+        self.clock = clock or SystemClock()
+        self.maintenance = Maintenance(
+            build_routines(
+                self.engine,
+                self.adapter,
+                self.manager,
+                effective,
+                lease=self.lease,
+                wake=self.wake.set,
+                clock=self.clock,
+                before_delete=cls.purge_before_delete,
+            ),
+            self.routine_lock(),
+            clock=self.clock,
+        )
+
+    def routine_lock(self) -> RoutineLock:
+        """The lock the maintenance routines run under: the one place it is
+        chosen: the queue server's in client-server mode, else the database's."""
+        served = providers.server_routine_lock(self.settings, client_name=self.worker_id)
+        if served is not None:
+            return served
+        return routine_lock_for(self.engine, self.adapter)
+
+    def _read_configuration(self, model: Any) -> dict[str, TableRow] | None:
+        """The queue's queue_configuration rows, if the table exists. A
+        database that cannot be reached yet is waited for by run(); its
+        table is then not read (the worker says so)."""
+        table = configuration_table_of(model)
+        try:
+            with self.engine.connect() as conn:
+                return read_rows(conn, table, queue=model.__table__.name)
+        except DBAPIError as exc:
+            logger.warning(
+                "queue_configuration not read (%s): the environment and the defaults apply",
+                _describe(exc),
+            )
+            return None
+
+    def _retry_policy(self) -> RetryPolicy:
+        effective = self.effective
+        if effective["backoff"] == "linear":
+            return self.worker.backoff(self.settings)
+        try:
+            return ExponentialBackoff(
+                max_attempts=effective["max_retry"],
+                base_seconds=effective["backoff_base"],
+                factor=effective["backoff_factor"],
+                jitter_min_seconds=effective["backoff_jitter_min"],
+                jitter_max_seconds=effective["backoff_jitter_max"],
+            )
+        except ConfigurationError as exc:  # the jitter bounds, each valid alone
+            low = effective.source("backoff_jitter_min")
+            high = effective.source("backoff_jitter_max")
+            raise ConfigurationError(f"{exc} (from {low} and {high})") from None
+
+    def _time_limiter(self) -> TimeLimiter | None:
+        cls = type(self.worker)
+        per_task = cls.overrides("time_limit_for")
+        if self.effective["time_limit"] is None and not per_task:
+            return None
+        worker = self.worker
+
+        def limit_for(task: TaskRecord) -> float | None:
+            value = worker.time_limit_for(task)
+            if value is None or TIME_LIMIT_SECONDS.contains(value):
+                return value
+            logger.warning(
+                "%s.time_limit_for returned %r: %s; the worker's limit applies",
+                cls.__name__,
+                value,
+                TIME_LIMIT_SECONDS.describe(),
+            )
+            return worker._time_limit_seconds
+
+        return TimeLimiter(limit_for)
+
+    def _lease_for(self) -> Any:
+        cls = type(self.worker)
+        if not cls.overrides("lease_seconds_for"):
+            return None
+        worker, default = self.worker, self.lease.seconds
+
+        def lease_for(task: TaskRecord) -> float:
+            value = worker.lease_seconds_for(task)
+            if LEASE_SECONDS.contains(value):
+                return float(value)
+            logger.warning(
+                "%s.lease_seconds_for returned %r: %s; the worker's lease applies",
+                cls.__name__,
+                value,
+                LEASE_SECONDS.describe(),
+            )
+            return default
+
+        return lease_for
+
+    def _connections_needed(self) -> int:
+        # two per lane, the heartbeat's, a fresh one to record a batch whose
+        # connection died, the routine lock's and one per maintenance routine;
+        # the LISTEN connection leaves the pool
+        return 2 * self.concurrency + 7
+
+    def _create_engine(self, url: str | URL | None) -> Engine:
+        url = url or self.settings.url
+        if url is None:
+            raise ConfigurationError(
+                "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
+            )
+        parsed, connect_args = engine_options(normalize_url(url))
+        options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
+        if (
+            parsed.database not in (None, "", ":memory:")
+            or dialect_family(parsed.get_backend_name()) != "sqlite"
+        ):
+            options["pool_size"] = self._connections_needed()
+        try:
+            return create_engine(parsed, **options)
+        except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
+            from ..settings import driver_error  # only this failure path needs it
+
+            missing = driver_error(parsed, exc)  # a driver not installed: name its extra
+            if missing is not None:
+                raise missing from None
+            raise ConfigurationError(
+                f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
+                f"{redact(str(exc))}"
+            ) from None
+
+    def _check_pool(self) -> None:
+        """A pool smaller than the lanes need would make them wait for each
+        other's connections forever; say so at start."""
+        pool = self.engine.pool
+        size = getattr(pool, "size", None)
+        overflow = getattr(pool, "_max_overflow", None)
+        if not callable(size) or overflow is None or overflow < 0:
+            return  # not a bounded QueuePool
+        allowed = size() + overflow
+        needed = self._connections_needed()
+        if allowed < needed:
+            raise ConfigurationError(
+                f"the engine's pool allows {allowed} connections and {self.concurrency} "
+                f"lane(s) need {needed}: lower --concurrency or raise pool_size/max_overflow"
+            )
+
+    def database_error(self, error: DBAPIError) -> WorkerDatabaseError:
+        """``error`` as one line naming the database (without its password)."""
+        where = self.engine.url.render_as_string(hide_password=True)
+        return WorkerDatabaseError(f"database error on {where}: {_describe(error)}")
+
+    def check_table(self, *, wait_for_database: bool = False) -> None:
+        """Refuse to start on a queue table that does not exist, or that
+        lacks sqla-queue's lease columns: every claim would fail, and the
+        worker would look alive doing nothing. ``wait_for_database``: a
+        database that cannot be reached yet is logged and left to the lanes
+        (which wait for it), not an error."""
+        table = self.adapter.table
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    exists = inspect(conn).has_table(table.name, schema=table.schema)
+                    missing = self.adapter.missing_columns(conn) if exists else []
+                break
+            except DBAPIError as exc:
+                if self.adapter.is_transient(exc):
+                    # SQLite's write lock held past the busy timeout by busy
+                    # neighbours: a lane would wait again too, never give up
+                    logger.warning("table check: %s; retrying", _describe(exc))
+                    continue
+                if (
+                    not wait_for_database
+                    or self.adapter.is_permanent(exc)
+                    or not _is_disconnect(exc)
+                ):
+                    raise self.database_error(exc) from exc
+                logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
+                return
+        where = self.engine.url.render_as_string(hide_password=True)
+        if not exists:
+            raise ConfigurationError(
+                f"the queue table {self.adapter.qualified_name} does not exist in "
+                f"{where}: create it (Base.metadata.create_all(engine), or a migration) "
+                "or check the URL"
+            )
+        if missing:
+            raise ConfigurationError(
+                f"the queue table {self.adapter.qualified_name} in {where} lacks "
+                f"sqla-queue's column(s) {', '.join(missing)} (a table made by "
+                "nsj-queue-lib?): add them as docs/lifecycle.md#leases shows"
+            )
+
+    def close(self) -> None:
+        """Release what the parts hold (time-limit threads, tenant engines,
+        HTTP pools); the engine stays open for its owner."""
+        self.maintenance.stop()
+        if self.time_limiter is not None:
+            self.time_limiter.close()
+        self.worker.close_tenants()  # multi-database: dispose the tenant engines
+        if self.stage is not None:
+            self.stage.close()
+
+
+def _webhook_stage(cls: type[Worker], subscriber_table: Any) -> WebhookStage | None:
+    """The webhook delivery of a worker class that hands copies to it."""
+    if subscriber_table is None:
+        return None
+    ids = webhook_subscribers_of(cls)
+    if ids is not None and not ids:
+        return None
+    return WebhookStage(subscriber_table, ids, concurrency=getattr(cls, "webhook_concurrency", 8))
+
+
+def _subscriber_table(cls: type[Worker]) -> Any:
+    """The subscriber table a worker class fans publications out to, if any."""
+    model = getattr(cls, "subscriber_model", None)
+    if isinstance(model, type) and issubclass(model, SubscriberMixin):
+        return getattr(model, "__table__", None)
+    return None
+
+
+def _is_disconnect(exc: DBAPIError) -> bool:
+    """The connection is gone or was refused: worth reconnecting."""
+    return bool(exc.connection_invalidated) or isinstance(exc, (OperationalError, InterfaceError))
+
+
+def _describe(exc: DBAPIError) -> str:
+    """The driver's error on one line, without SQL or parameters."""
+    text = redact(str(exc.orig if exc.orig is not None else exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
