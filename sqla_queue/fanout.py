@@ -27,7 +27,7 @@ module decides what the rows are; the adapter runs the SQL.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Table
@@ -79,6 +79,16 @@ class FanOut:
         self.adapter = adapter
         self.subscriber_table = subscriber_table
         self.worker_name = worker_name
+
+    # a BatchStage (pipeline.py) that needs no work outside the transaction
+    def prepare(self, conn: Connection, tasks: Sequence[TaskRecord]) -> bool:
+        return False
+
+    def forget(self, ids: Iterable[int]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def wrap(self, handler: Handler) -> Handler:
         """``handler``, with publications routed to :meth:`publish`."""

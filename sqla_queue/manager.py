@@ -36,8 +36,21 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from .adapters import Adapter
+from .hooks import (
+    BATCH_COMMITTED,
+    TASK_DEAD,
+    TASK_EVENTS,
+    TASK_FAILED,
+    TASK_HANDED_BACK,
+    TASK_RESCUED,
+    TASK_RETRIED,
+    TASK_SUCCEEDED,
+    BatchEvent,
+    Hooks,
+    TaskEvent,
+)
 from .mixins import MESSAGE_MAX_LENGTH, Status
-from .pipeline import BatchStage, Handler
+from .pipeline import BatchStage, Handler, Middleware, compose
 from .records import TaskRecord
 from .redaction import describe_error, fit_message, redact
 from .retry import LinearBackoff, RetryPolicy
@@ -45,9 +58,7 @@ from .timelimit import TimeLimitExceeded
 from .types import utcnow
 
 if TYPE_CHECKING:
-    from .fanout import FanOut
     from .leases import Claims, LeasePolicy
-    from .timelimit import TimeLimiter
 
 __all__ = [
     "BatchResult",
@@ -119,25 +130,25 @@ class TaskManager:
         *,
         claims: Claims,
         lease: LeasePolicy,
-        fanout: FanOut | None = None,
-        stage: BatchStage | None = None,
+        stages: Sequence[BatchStage] = (),
+        middleware: Sequence[Middleware] = (),
         no_retry: tuple[type[BaseException], ...] = (),
-        time_limiter: TimeLimiter | None = None,
         lease_for: Callable[[TaskRecord], float] | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.adapter = adapter
         #: exceptions that send a task straight to its dead-letter run
         self.no_retry = no_retry
-        #: runs handlers under their time limit (timelimit.py); None: no limit
-        self.time_limiter = time_limiter
         #: a task's own lease, where the worker gives tasks different ones
         self.lease_for = lease_for
-        #: runs claimed publications (pub_sub, not dead) instead of the
-        #: handler, in the same savepoint and batch transaction (fanout.py)
-        self.fanout = fanout
-        #: makes a batch's webhook calls before its transaction opens, and
-        #: answers for those copies inside it (worker/webhook.py)
-        self.stage = stage
+        #: the batch stages (pipeline.py): the pub/sub fan-out runs claimed
+        #: publications instead of the handler, the webhook delivery makes a
+        #: batch's calls before its transaction and answers for those copies
+        self.stages = tuple(stages)
+        #: what runs around every handler (pipeline.py): the time limits
+        self.middleware = tuple(middleware)
+        #: the observers of outcomes, called after each commit (hooks.py)
+        self.hooks = hooks or Hooks()
         self.backoff: RetryPolicy = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
@@ -196,14 +207,10 @@ class TaskManager:
         started = time.perf_counter()
         ids = [task.id for task in tasks]
         called = False
-        if self.stage is not None:
-            handler = self.stage.wrap(handler)
-        if self.fanout is not None:
-            handler = self.fanout.wrap(handler)
-        if self.time_limiter is not None:
-            handler = self.time_limiter.wrap(handler, work_conn)
+        handler = compose(handler, work_conn, self.stages, self.middleware)
         try:
-            if self.stage is not None and self.stage.prepare(work_conn, tasks):
+            # every stage prepares, even after one made calls
+            if any([stage.prepare(work_conn, tasks) for stage in self.stages]):
                 called, should_stop = True, _never
             try:
                 result = self._run_together(work_conn, tasks, handler, should_stop)
@@ -235,12 +242,25 @@ class TaskManager:
             # must not claim a task whose outcome is not yet committed
             self.claims.discard(ids)
             self._release(claim_conn, ids)
-            if self.stage is not None:
-                self.stage.forget(ids)
+            for stage in self.stages:
+                stage.forget(ids)
         if result.handed_back and self.adapter.supports_notify:
             with claim_conn.begin():
                 self.adapter.notify(claim_conn)
         result.seconds = time.perf_counter() - started
+        if self.hooks.wanted(BATCH_COMMITTED):
+            self.hooks.emit(
+                [
+                    BatchEvent(
+                        BATCH_COMMITTED,
+                        tasks=len(tasks),
+                        succeeded=result.succeeded,
+                        failed=result.failed,
+                        handed_back=len(result.handed_back),
+                        seconds=result.seconds,
+                    )
+                ]
+            )
         return result
 
     def _retryable(self, exc: DBAPIError) -> bool:
@@ -256,17 +276,26 @@ class TaskManager:
         should_stop: Callable[[], bool],
     ) -> BatchResult:
         result = BatchResult()
+        # the outcomes' events, built only when observed, emitted after COMMIT
+        events: list[TaskEvent] | None = [] if self.hooks.wanted(*TASK_EVENTS) else None
         with work_conn.begin():
             done: list[tuple[int, str | None]] = []
             for index, task in enumerate(tasks):
                 if index and should_stop():
                     result.handed_back = [t.id for t in tasks[index:]]
                     break
+                started = time.perf_counter()
                 message = self._run_one(work_conn, task, handler)
-                if message is _FAILED:
+                if isinstance(message, _Failed):
                     result.failed += 1
+                    if events is not None and message.event is not None:
+                        seconds = time.perf_counter() - started
+                        events.append(TaskEvent(message.event, task, message.text, seconds))
                 else:
                     done.append((task.id, message))
+                    if events is not None:
+                        seconds = time.perf_counter() - started
+                        events.append(TaskEvent(TASK_SUCCEEDED, task, message, seconds))
             completed = self.adapter.task_complete_many(work_conn, results=done, owner=self.owner)
             if completed != len(done):
                 logger.warning(
@@ -278,6 +307,10 @@ class TaskManager:
                 raise ClaimLost()
             self.adapter.task_hand_back_many(work_conn, ids=result.handed_back, owner=self.owner)
             result.succeeded = len(done)
+        if events is not None:
+            handed_back = set(result.handed_back)
+            events += [TaskEvent(TASK_HANDED_BACK, t) for t in tasks if t.id in handed_back]
+            self.hooks.emit(events)
         return result
 
     def _run_alone(
@@ -321,6 +354,7 @@ class TaskManager:
                 recorded = self.record_failure(work_conn, task, message)
             result.failed += 1
             if recorded:
+                self.hooks.emit([TaskEvent(recorded, task, message)])
                 logger.warning(
                     "%s failed at commit: %s",
                     task_label(task),
@@ -350,7 +384,8 @@ class TaskManager:
                 raise
             error = describe_error(exc)
             retry = not isinstance(exc, self.no_retry)
-            if self.record_failure(conn, task, error, retry=retry):
+            recorded = self.record_failure(conn, task, error, retry=retry)
+            if recorded:
                 logger.warning(
                     "%s failed: %s%s",
                     task_label(task),
@@ -360,7 +395,7 @@ class TaskManager:
                     if getattr(exc, "log_traceback", True)
                     else "",
                 )
-            return _FAILED
+            return _Failed(recorded, error)
         finally:
             if _touched(session) or session.identity_map:
                 session.close()
@@ -399,10 +434,11 @@ class TaskManager:
         elif cause is not None:
             error = f"{error}: {describe_error(cause)}"
         others = [task.id for task in tasks if task is not culprit]
+        recorded = None
         try:
             with conn.engine.connect() as fresh, fresh.begin():
                 if culprit is not None:
-                    self.record_failure(fresh, culprit, error)
+                    recorded = self.record_failure(fresh, culprit, error)
                 self.adapter.task_hand_back_many(fresh, ids=others, owner=self.owner)
         except Exception as exc:  # the database is away: the leases run out instead
             logger.warning(
@@ -411,6 +447,8 @@ class TaskManager:
             return
         if culprit is not None:
             logger.warning("%s failed: %s", task_label(culprit), fit_message(error, 500))
+            if recorded:
+                self.hooks.emit([TaskEvent(recorded, culprit, error)])
 
     def _release(self, claim_conn: Connection, ids: list[int]) -> None:
         if not ids or not self.adapter.task_locks:
@@ -431,12 +469,14 @@ class TaskManager:
         *,
         rescued: bool = False,
         retry: bool = True,
-    ) -> bool:
+    ) -> str | None:
         """Mark the attempt failed and enqueue what follows it: the next
         attempt, or, past the maximum (or with ``retry`` false: an error
         not worth retrying), a dead-letter run. Guarded by the claim (this
-        worker's, or for the rescue the lease it found expired): False, and
-        nothing written, when the task is no longer that claim's."""
+        worker's, or for the rescue the lease it found expired): None, and
+        nothing written, when the task is no longer that claim's; else the
+        hooks' event of what was written (``task_retried``, ``task_dead``,
+        ``task_failed`` for a dead-letter run that failed)."""
         now = utcnow()
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
         next_at = self.backoff.next_attempt_at(task.attempt, now) if retry else None
@@ -450,11 +490,11 @@ class TaskManager:
                 "finished_at": self.adapter.clock(),
             }
             if not self._update_claimed(conn, task, values, rescued=rescued):
-                return False
+                return None
             self.adapter.task_insert_many(
                 conn, rows=[self._retry_row(task, next_at, failed_status, message, now)]
             )
-            return True
+            return TASK_RETRIED
         suffix = EXHAUSTED_SUFFIX if retry else NO_RETRY_SUFFIX
         message = _failure_message(error, suffix)
         values = {
@@ -464,7 +504,7 @@ class TaskManager:
             "finished_at": self.adapter.clock(),
         }
         if not self._update_claimed(conn, task, values, rescued=rescued):
-            return False
+            return None
         if task.dead:
             # the reference starts another dead run here, forever; we stop
             logger.error(
@@ -472,10 +512,10 @@ class TaskManager:
                 task_label(task),
                 failed_status,
             )
-            return True
+            return TASK_FAILED
         self.adapter.task_insert_many(conn, rows=[dead_letter_row(task)])
         logger.warning("%s exhausted its attempts: dead-letter run enqueued", task_label(task))
-        return True
+        return TASK_DEAD
 
     def _update_claimed(
         self, conn: Connection, task: TaskRecord, values: dict[str, Any], *, rescued: bool
@@ -532,10 +572,17 @@ class TaskManager:
                 len(rescued),
                 ", ".join(task_label(task) for task in rescued),
             )
+            self.hooks.emit([TaskEvent(TASK_RESCUED, task, RESCUED_ERROR) for task in rescued])
         return len(rescued)
 
 
-_FAILED: Any = object()
+@dataclass(frozen=True)
+class _Failed:
+    """What ``_run_one`` returns for a failed task: the event of what its
+    failure wrote (hooks.py) and its message."""
+
+    event: str | None  # None: not recorded (the claim was lost meanwhile)
+    text: str
 
 
 def _never() -> bool:

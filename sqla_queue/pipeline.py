@@ -1,11 +1,19 @@
 """What the manager runs around a batch and around each handler.
 
 A handler is called with the task and the batch's ORM session, inside the
-batch transaction. A batch stage (webhook delivery today) is a collaborator
-the :class:`~sqla_queue.manager.TaskManager` calls without knowing which it
-is: :meth:`BatchStage.prepare` before the batch transaction (a stage that
-made calls must have every outcome recorded), :meth:`BatchStage.wrap`
-around the handler, :meth:`BatchStage.forget` once the batch has ended.
+batch transaction. The :class:`~sqla_queue.manager.TaskManager` takes two
+lists and knows nothing of what is in them:
+
+- batch stages (:class:`BatchStage`: the pub/sub fan-out, the webhook
+  delivery): :meth:`~BatchStage.prepare` before the batch transaction (a
+  stage that made calls must have every outcome recorded),
+  :meth:`~BatchStage.wrap` around the handler, :meth:`~BatchStage.forget`
+  once the batch has ended;
+- middleware (:class:`Middleware`: the time limits), which wraps the
+  handler on the batch's connection, outermost last: as procrastinate's
+  middleware, a list of callables nested around the handler.
+
+The worker's composition root (``worker/app.py``) builds both lists.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from .records import TaskRecord
 
-__all__ = ["BatchStage", "Handler"]
+__all__ = ["BatchStage", "Handler", "Middleware", "compose"]
 
 #: a task's handler: its return value (text or None) is the success message
 Handler = Callable[[TaskRecord, Session], Any]
@@ -44,3 +52,26 @@ class BatchStage(Protocol):
     def close(self) -> None:
         """The worker stops: release what the stage holds."""
         ...
+
+
+class Middleware(Protocol):
+    """Something that runs around every handler call (see the module)."""
+
+    def wrap(self, handler: Handler, conn: Connection) -> Handler:
+        """``handler``, run its way, for a batch on ``conn``."""
+        ...
+
+
+def compose(
+    handler: Handler,
+    conn: Connection,
+    stages: Sequence[BatchStage],
+    middleware: Sequence[Middleware],
+) -> Handler:
+    """``handler`` wrapped by each stage, then each middleware, in order:
+    the first stage is innermost, the last middleware outermost."""
+    for stage in stages:
+        handler = stage.wrap(handler)
+    for layer in middleware:
+        handler = layer.wrap(handler, conn)
+    return handler

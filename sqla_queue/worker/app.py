@@ -28,8 +28,9 @@ from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
+from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
-from ..maintenance import Maintenance, RoutineLock, build_routines, routine_lock_for
+from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
 from ..manager import TaskManager
 from ..mixins import channel_of
@@ -67,6 +68,7 @@ class QueueApp:
         batch_size: int | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         type(worker).check_configuration()
         if concurrency < 1:
@@ -114,6 +116,8 @@ class QueueApp:
         )
         self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()
+        #: the observers of outcomes (hooks.py): the process's registry by default
+        self.hooks = registry if hooks is None else hooks
         self.claims = Claims(self.worker_id)
         subscriber_table = _subscriber_table(cls)
         self.fanout = FanOut(self.adapter, subscriber_table, worker_name=cls.__name__)
@@ -124,11 +128,13 @@ class QueueApp:
             self._retry_policy(),
             claims=self.claims,
             lease=self.lease,
-            fanout=self.fanout,
-            stage=self.stage,
+            # the webhook delivery innermost, as a copy it answers for is
+            # never a publication; the time limit around everything
+            stages=[stage for stage in (self.stage, self.fanout) if stage is not None],
+            middleware=[] if self.time_limiter is None else [self.time_limiter],
             no_retry=cls.no_retry,
-            time_limiter=self.time_limiter,
             lease_for=self._lease_for(),
+            hooks=self.hooks,
         )
         #: set to wake idle lanes (the schedule routine sets it too)
         self.wake = threading.Event()
@@ -146,6 +152,7 @@ class QueueApp:
             ),
             self.routine_lock(),
             clock=self.clock,
+            on_result=self._routine_ran,
         )
 
     def routine_lock(self) -> RoutineLock:
@@ -322,6 +329,14 @@ class QueueApp:
                 f"sqla-queue's column(s) {', '.join(missing)} (a table made by "
                 "nsj-queue-lib?): add them as docs/lifecycle.md#leases shows"
             )
+
+    def _routine_ran(self, run: SlotRun) -> None:
+        if self.hooks.wanted(ROUTINE_RAN):
+            result = run.result
+            event = RoutineEvent(
+                ROUTINE_RAN, result.routine, dict(result.counts), result.error, result.seconds
+            )
+            self.hooks.emit([event])
 
     def close(self) -> None:
         """Release what the parts hold (time-limit threads, tenant engines,

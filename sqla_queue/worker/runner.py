@@ -55,6 +55,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 
 from ..exceptions import ConfigurationError
+from ..hooks import LANE_RECONNECTED, LaneEvent
 from ..leases import Heartbeat
 from ..maintenance.clock import Clock
 from ..manager import ConnectionLost, describe_traceback
@@ -271,6 +272,8 @@ class Runner:
 
     def _reconnect(self, index: int, why: str) -> None:
         logger.warning("lane %d lost the database (%s); reconnecting", index, why)
+        if self.app.hooks.wanted(LANE_RECONNECTED):
+            self.app.hooks.emit([LaneEvent(LANE_RECONNECTED, index, why)])
         self.stopping.wait(RECONNECT_DELAY_SECONDS)
 
     def _lane_loop(self, index: int) -> None:
