@@ -263,6 +263,28 @@ class TaskManager:
             )
         return result
 
+    def run_here(
+        self, conn: Connection, tasks: Sequence[TaskRecord], handler: Handler
+    ) -> list[str | None]:
+        """Run claimed ``tasks`` in the caller's open transaction on ``conn``
+        (``sqla_queue.testing``): each in a savepoint, through the stages and
+        middleware, every outcome recorded (``sucesso``, a failure with its
+        retry or dead-letter run), nothing committed. No stage's work outside
+        a transaction is done (no webhook call). The hooks' event of each
+        task's outcome, in order (None: a failure not recorded)."""
+        handler = compose(handler, conn, self.stages, self.middleware)
+        outcomes: list[str | None] = []
+        done: list[tuple[int, str | None]] = []
+        for task in tasks:
+            message = self._run_one(conn, task, handler)
+            if isinstance(message, _Failed):
+                outcomes.append(message.event)
+            else:
+                done.append((task.id, message))
+                outcomes.append(TASK_SUCCEEDED)
+        self.adapter.task_complete_many(conn, results=done, owner=self.owner)
+        return outcomes
+
     def _retryable(self, exc: DBAPIError) -> bool:
         """A failure that is nobody's task's fault: the connection is gone,
         or the database asks for the transaction to be tried again."""

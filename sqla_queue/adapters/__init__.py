@@ -30,6 +30,7 @@ def adapter_for(
     task_locks: bool = True,
     claim_filter: ClaimFilter | None = None,
     nsj_locks: bool = False,
+    in_caller_transaction: bool = False,
 ) -> Adapter:
     """The adapter for ``dialect``'s family; ``claim_filter`` restricts what
     its claims take (a worker's processes, a pub/sub worker's subscribers).
@@ -56,4 +57,10 @@ def adapter_for(
             )
         module, name = "nsj", "PostgresNsjAdapter"
     cls: type[Adapter] = getattr(importlib.import_module(f".{module}", __name__), name)
-    return cls(table, channel, task_locks=task_locks, claim_filter=claim_filter)
+    return cls(
+        table,
+        channel,
+        task_locks=task_locks,
+        claim_filter=claim_filter,
+        in_caller_transaction=in_caller_transaction,
+    )

@@ -240,7 +240,12 @@ class Adapter:
         *,
         task_locks: bool = True,
         claim_filter: ClaimFilter | None = None,
+        in_caller_transaction: bool = False,
     ) -> None:
+        #: the statements run in a transaction of the caller's that began
+        #: before its tasks were enqueued (sqla_queue.testing): "now" must be
+        #: the statement's time, not the transaction's start
+        self.in_caller_transaction = in_caller_transaction
         self.table = table
         self.channel = channel
         self.claim_filter = claim_filter
@@ -546,6 +551,30 @@ class Adapter:
         a lease of ``lease_seconds``, commit that, and return them in claim
         order."""
         raise UnsupportedOperationError(f"{self.family}: task_claim_many")
+
+    def task_claim_ids(
+        self, conn: Connection, *, ids: Sequence[int], owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        """Mark the ready (``pendente``) rows among ``ids`` ``processando``
+        for ``owner``, in the caller's transaction, and return them: the
+        testing helpers' claim of given tasks (``sqla_queue.testing``)."""
+        if not ids:
+            return []
+        c = self.table.c
+        claim = (
+            update(self.table)
+            .where(self._id_in("ids"), status_is(c.status, Status.PENDING))
+            .values(
+                status=Status.PROCESSING.value,
+                worker_id=bindparam("owner"),
+                lease_expires_at=self.lease_deadline(),
+                started_at=self.clock(),
+            )
+        )
+        params = {"ids": list(ids), "owner": owner}
+        conn.execute(claim, {**params, **self._lease_params(lease_seconds)})
+        claimed = select(*c).where(self._id_in("ids"), *self._claimed_by_owner)
+        return self._fetch_records(conn, claimed, params)
 
     def task_promote_due(self, conn: Connection) -> int:
         """``agendada`` rows whose time has come become ``pendente`` (at most

@@ -257,7 +257,9 @@ class PostgresAdapter(Adapter):
         return f'"{t.schema}"."{t.name}"' if t.schema else f'"{t.name}"'
 
     def now(self) -> ColumnElement[dt.datetime]:
-        return func.now()
+        # the transaction's start, unless the caller's transaction began
+        # before the tasks it is to find were enqueued
+        return func.clock_timestamp() if self.in_caller_transaction else func.now()
 
     def clock(self) -> ColumnElement[dt.datetime]:
         # now() is the transaction's start: a batch's sucesso would be dated

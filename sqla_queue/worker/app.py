@@ -19,7 +19,7 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, inspect
+from sqlalchemy import Connection, Engine, create_engine, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 
@@ -69,6 +69,7 @@ class QueueApp:
         settings: Settings | None = None,
         clock: Clock | None = None,
         hooks: Hooks | None = None,
+        connection: Connection | None = None,
     ) -> None:
         type(worker).check_configuration()
         if concurrency < 1:
@@ -81,10 +82,19 @@ class QueueApp:
         # multi-database tenants: the engine cache, closed by close() (docs/tenants.md)
         worker.open_tenants(self.settings, concurrency)
         model = cls.queue_model()
-        self.engine = engine or self._create_engine(url)
-        self._check_pool()
-        #: the queue_configuration rows (None: no such table, or not read)
-        self.configuration_rows = self._read_configuration(model)
+        #: the caller's connection, in its own transaction (sqla_queue.testing):
+        #: the parts run there; the engine is neither sized nor set up
+        self.connection = connection
+        if connection is not None:
+            self.engine = connection.engine
+            self.configuration_rows = read_rows(
+                connection, configuration_table_of(model), queue=model.__table__.name
+            )
+        else:
+            self.engine = engine or self._create_engine(url)
+            self._check_pool()
+            #: the queue_configuration rows (None: no such table, or not read)
+            self.configuration_rows = self._read_configuration(model)
         self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)
         effective = self.effective
         # the table's values for what Settings holds, for the code that reads it
@@ -106,15 +116,20 @@ class QueueApp:
             claim_filter = dataclasses.replace(
                 claim_filter or ClaimFilter(), delay_seconds=effective["item_delay"]
             )
+        in_transaction = connection is not None  # one connection: no lock to outlive it
         self.adapter: Adapter = adapter_for(
             self.engine.dialect,
             table,  # type: ignore[arg-type]
             channel_of(model, table),  # type: ignore[arg-type]
-            task_locks=providers.task_locks(effective["task_locks"], self.settings),
+            task_locks=not in_transaction
+            and providers.task_locks(effective["task_locks"], self.settings),
             claim_filter=claim_filter,
-            nsj_locks=self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks,
+            nsj_locks=not in_transaction
+            and (self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks),
+            in_caller_transaction=in_transaction,
         )
-        self.adapter.prepare_engine(self.engine)
+        if not in_transaction:
+            self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()
         #: the observers of outcomes (hooks.py): the process's registry by default
         self.hooks = registry if hooks is None else hooks

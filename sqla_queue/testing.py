@@ -1,0 +1,182 @@
+"""Helpers for the application's own tests: run its handlers without a worker.
+
+Every helper works inside the test's own transaction, through the Session
+it is given, and commits nothing: a test that rolls its transaction back
+(the usual pytest fixture, docs/testing.md) leaves no task, no outcome and
+no handler's work behind. The tasks run as a worker would run them: the
+worker's configuration (class attributes, environment, the
+``queue_configuration`` table), each handler in a savepoint, the pub/sub
+fan-out, time limits, a failure's retry row or dead-letter run. What is
+left out: other processes (no locks, no leases renewed), webhook calls, and
+time: a retry due later is not run (give the test's worker
+``retry_interval_minutes = 0`` to run retries at once).
+
+    from sqla_queue.testing import run_until_empty, enqueued
+
+    def test_billing(session):
+        session.add(Task(process="faturar", payload={"order": 7}))
+        session.flush()
+        outcome = run_until_empty(Faturar, session)
+        assert (outcome.succeeded, outcome.failed, outcome.dead) == (1, 0, 0)
+        assert enqueued(session, Task, process="email", payload={"order": 7})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from .exceptions import SqlaQueueError
+from .hooks import TASK_DEAD, TASK_FAILED, TASK_RETRIED, TASK_SUCCEEDED, Hooks
+from .mixins import QueueMixin, Status
+from .records import TaskRecord
+from .settings import Settings
+from .worker.app import QueueApp
+from .worker.base import WorkerBase
+
+__all__ = ["Outcome", "enqueued", "run_until_empty", "work_one"]
+
+#: the most tasks one call runs: a handler that enqueues its own process
+#: forever would otherwise never return
+MAX_TASKS = 10_000
+
+
+@dataclass
+class Outcome:
+    """What a helper ran. ``succeeded``: tasks whose handler returned;
+    ``failed``: failed attempts (each retried, sent to the dead letter, or a
+    dead-letter run that failed); ``dead``: tasks sent to the dead letter;
+    ``dead_runs``: dead-letter runs whose ``execute_dead`` returned."""
+
+    succeeded: int = 0
+    failed: int = 0
+    dead: int = 0
+    dead_runs: int = 0
+
+    def _add(self, task: TaskRecord, event: str | None) -> None:
+        if event == TASK_SUCCEEDED:
+            if task.dead:
+                self.dead_runs += 1
+            else:
+                self.succeeded += 1
+        elif event in (TASK_RETRIED, TASK_DEAD, TASK_FAILED):
+            self.failed += 1
+            if event == TASK_DEAD:
+                self.dead += 1
+
+
+class _Here:
+    """A worker's parts on the test's connection and transaction."""
+
+    def __init__(self, worker_class: type[WorkerBase], session: Session) -> None:
+        if not (isinstance(worker_class, type) and issubclass(worker_class, WorkerBase)):
+            raise SqlaQueueError(f"give a WorkerBase subclass, not {worker_class!r}")
+        self.worker = worker_class()
+        self.session = session
+        self.conn = session.connection()
+        self.app = QueueApp(
+            self.worker, connection=self.conn, settings=Settings.from_env(), hooks=Hooks()
+        )
+
+    def run(self, tasks: list[TaskRecord], outcome: Outcome) -> None:
+        app = self.app
+        app.claims.add(task.id for task in tasks)
+        try:
+            events = app.manager.run_here(self.conn, tasks, self.worker.dispatch)
+        finally:
+            app.claims.discard(task.id for task in tasks)
+        for task, event in zip(tasks, events, strict=True):
+            outcome._add(task, event)
+        # the ORM objects the test holds must show what was written
+        self.session.expire_all()
+
+    def close(self) -> None:
+        self.app.close()
+
+
+def run_until_empty(
+    worker_class: type[WorkerBase], session: Session, *, max_tasks: int = MAX_TASKS
+) -> Outcome:
+    """Run every ready task ``worker_class`` handles (its ``processes``,
+    its subscriptions), one after another, in ``session``'s transaction,
+    until none is ready, retries due now and dead-letter runs included."""
+    here = _Here(worker_class, session)
+    outcome = Outcome()
+    app = here.app
+    try:
+        for _ in range(max_tasks):
+            tasks = app.adapter.task_claim_many(
+                here.conn, limit=1, owner=app.worker_id, lease_seconds=app.lease.seconds
+            )
+            if not tasks:
+                if app.adapter.task_promote_due(here.conn):
+                    continue  # scheduled tasks (retries) that are due now
+                return outcome
+            here.run(tasks, outcome)
+    finally:
+        here.close()
+    raise SqlaQueueError(
+        f"run_until_empty ran {max_tasks} tasks and more are ready: a handler that "
+        "enqueues its own work forever? (pass max_tasks= for a longer run)"
+    )
+
+
+def work_one(worker_class: type[WorkerBase], session: Session, task: Any) -> Outcome:
+    """Run one given task (the model object or its id), ready (``pendente``),
+    in ``session``'s transaction, as :func:`run_until_empty` runs each."""
+    task_id = task if isinstance(task, int) else getattr(task, "id", None)
+    if not isinstance(task_id, int):
+        raise SqlaQueueError(f"give a task (flushed, with an id) or its id, not {task!r}")
+    session.flush()
+    here = _Here(worker_class, session)
+    outcome = Outcome()
+    app = here.app
+    try:
+        claimed = app.adapter.task_claim_ids(
+            here.conn, ids=[task_id], owner=app.worker_id, lease_seconds=app.lease.seconds
+        )
+        if not claimed:
+            table = app.adapter.table
+            status = here.conn.execute(select(table.c.status).where(table.c.id == task_id))
+            found = status.scalar()
+            where = "does not exist" if found is None else f"is {found}, not {Status.PENDING}"
+            raise SqlaQueueError(f"task {task_id} {where}: work_one runs a ready task")
+        here.run(claimed, outcome)
+    finally:
+        here.close()
+    return outcome
+
+
+def enqueued(
+    session: Session,
+    model: type[QueueMixin],
+    *,
+    process: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    status: str | None = Status.PENDING.value,
+) -> list[Any]:
+    """The model's tasks in ``session``'s view (flushed first), oldest first:
+    those of ``process``, whose payload holds every key and value of
+    ``payload`` (a subset), with ``status`` (default ``pendente``; None:
+    any). ``assert len(enqueued(...)) == 2`` is the usual check."""
+    session.flush()
+    query = select(model).order_by(model.id)  # type: ignore[attr-defined]
+    if process is not None:
+        query = query.where(model.process == process)  # type: ignore[attr-defined]
+    if status is not None:
+        query = query.where(model.status == status)  # type: ignore[attr-defined]
+    found = list(session.scalars(query))
+    if payload is None:
+        return found
+    wanted = dict(payload)
+    return [task for task in found if _holds(task.payload, wanted)]
+
+
+def _holds(value: Any, wanted: Mapping[str, Any]) -> bool:
+    return isinstance(value, Mapping) and all(
+        key in value and value[key] == expected for key, expected in wanted.items()
+    )
