@@ -28,6 +28,7 @@ from .identifiers import split_table_name
 from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
+from .rows import ENGLISH_COLUMNS
 from .types import utcnow
 from .validation import check_columns
 
@@ -48,15 +49,7 @@ _SEED_PARAMETERS = (
     "data_hora",
     "prioridade",
 )
-_ALIASES = {
-    "origin": "origem",
-    "destination": "destino",
-    "process": "processo",
-    "external_key": "chave_externa",
-    "company_group": "grupo_empresarial",
-    "run_at": "data_hora",
-    "priority": "prioridade",
-}
+_ALIASES = ENGLISH_COLUMNS
 
 
 class _ClientBase(DeclarativeBase):

@@ -39,6 +39,7 @@ from .mixins import Status
 from .payload import hash_payload, serialize_payload
 from .pipeline import Handler
 from .records import TaskRecord
+from .rows import NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESSAGE
 from .subscribers import SUBSCRIBER_COLUMN_NAMES, SubscriptionRecord
 from .webhook_guard import show_url
 
@@ -46,8 +47,6 @@ __all__ = ["CHUNK_ROWS", "NO_SUBSCRIBERS_MESSAGE", "PUBLISHED_MESSAGE", "FanOut"
 
 logger = logging.getLogger("sqla_queue.fanout")
 
-PUBLISHED_MESSAGE = "Publicado para os assinantes, com sucesso!"
-NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada sem nenhuma ação."
 #: copies per INSERT (or COPY) statement
 CHUNK_ROWS = 1000
 

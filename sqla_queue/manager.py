@@ -54,6 +54,16 @@ from .pipeline import BatchStage, Handler, Middleware, compose
 from .records import TaskRecord
 from .redaction import describe_error, fit_message, redact
 from .retry import LinearBackoff, RetryPolicy
+from .rows import (
+    EXHAUSTED_SUFFIX,
+    NO_RETRY_SUFFIX,
+    RESCUED_ERROR,
+    RETRY_SUFFIX,
+    carried_columns,
+    dead_letter_row,
+    failure_message,
+    retry_row,
+)
 from .timelimit import TimeLimitExceeded
 from .types import utcnow
 
@@ -72,12 +82,6 @@ __all__ = [
 
 logger = logging.getLogger("sqla_queue.manager")
 
-RETRY_SUFFIX = ". Tarefa reenfileirada."
-EXHAUSTED_SUFFIX = ". Máximo de tentativas atingido."
-#: an exception the worker class declared not worth retrying (``no_retry``)
-NO_RETRY_SUFFIX = ". Falha sem nova tentativa: enviada à fila de mortos."
-RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado repentinamente)"
-
 
 class ConnectionLost(Exception):
     """The work connection died under a batch; the lane must reconnect."""
@@ -86,15 +90,6 @@ class ConnectionLost(Exception):
 class ClaimLost(Exception):
     """A batch's guarded ``sucesso`` update missed rows: another worker
     rescued some of its tasks. The batch rolls back."""
-
-
-def _failure_message(error: str, suffix: str) -> str:
-    """``error`` and ``suffix`` (". Tarefa reenfileirada.", nsj-queue-lib's
-    f"{e}. Tarefa reenfileirada."), with one period between them when the
-    error already ends its sentence, cut to fit ``mensagem``."""
-    if error.rstrip().endswith("."):
-        error, suffix = error.rstrip(), suffix.removeprefix(".")
-    return fit_message(error, MESSAGE_MAX_LENGTH, suffix)
 
 
 def task_label(task: TaskRecord) -> str:
@@ -503,7 +498,7 @@ class TaskManager:
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
         next_at = self.backoff.next_attempt_at(task.attempt, now) if retry else None
         if next_at is not None:
-            message = _failure_message(error, RETRY_SUFFIX)
+            message = failure_message(error, RETRY_SUFFIX)
             values = {
                 "status": failed_status,
                 "reenfileirado": True,
@@ -514,11 +509,11 @@ class TaskManager:
             if not self._update_claimed(conn, task, values, rescued=rescued):
                 return None
             self.adapter.task_insert_many(
-                conn, rows=[self._retry_row(task, next_at, failed_status, message, now)]
+                conn, rows=[retry_row(task, next_at, failed_status, message, now)]
             )
             return TASK_RETRIED
         suffix = EXHAUSTED_SUFFIX if retry else NO_RETRY_SUFFIX
-        message = _failure_message(error, suffix)
+        message = failure_message(error, suffix)
         values = {
             "status": failed_status,
             "estouro_tentativas": True,
@@ -555,25 +550,6 @@ class TaskManager:
             conn, task_id=task.id, values=values, owner=self.owner
         )
 
-    def _retry_row(
-        self, task: TaskRecord, next_at: Any, failed_status: str, message: str, now: Any
-    ) -> dict[str, Any]:
-        return {
-            **carried_columns(task),
-            "id_inicial": task.chain_id,
-            "data_hora_inicial": task.first_run_at,
-            "data_hora": next_at,
-            "tentativa": task.attempt + 1,
-            "status": (Status.SCHEDULED if next_at > now else Status.PENDING).value,
-            "id_anterior": task.id,
-            "data_hora_anterior": task.run_at,
-            "status_anterior": failed_status,
-            "mensagem_anterior": message,
-            "payload": None,  # the first attempt keeps it
-            "dead": task.dead,
-            "live_id": task.live_id,
-        }
-
     # ----------------------------------------------------------- rescue
     def rescue(self, conn: Connection, *, limit: int = 100) -> int:
         """Re-enqueue tasks whose claim is lost (lease expired, or the
@@ -609,39 +585,6 @@ class _Failed:
 
 def _never() -> bool:
     return False
-
-
-def carried_columns(task: TaskRecord) -> dict[str, Any]:
-    """What every row that follows ``task`` keeps of it (a retry, its
-    dead-letter run, a requeued chain): its keys, routing, hash, priority
-    (the reference reset it to 50) and the user's own columns."""
-    return {
-        "origem": task.origin,
-        "destino": task.destination,
-        "processo": task.process,
-        "chave_externa": task.external_key,
-        "tenant": task.tenant,
-        "grupo_empresarial": task.company_group,
-        "payload_hash": task.payload_hash,
-        "pub_sub": task.pub_sub,
-        "publication_id": task.publication_id,
-        "subscriber_id": task.subscriber_id,
-        "prioridade": task.priority,
-        **task.extra,
-    }
-
-
-def dead_letter_row(task: TaskRecord) -> dict[str, Any]:
-    """The first row of ``task``'s dead-letter run: a new chain (``dead``,
-    ``live_id`` = the task's chain) with its payload, hash and priority."""
-    return {
-        **carried_columns(task),
-        "tentativa": 1,
-        "status": Status.PENDING.value,
-        "payload": task.payload_text,  # the reference lost it on rescued tasks
-        "dead": True,
-        "live_id": task.chain_id,
-    }
 
 
 def _connection_lost(conn: Connection, exc: BaseException) -> bool:

@@ -30,9 +30,9 @@ from sqlalchemy import Connection, false, select, true
 
 from .adapters import Adapter
 from .exceptions import ConfigurationError
-from .manager import carried_columns
 from .mixins import Status
 from .records import TaskRecord
+from .rows import carried_columns
 
 __all__ = ["Requeued", "requeue_dead"]
 

@@ -17,7 +17,17 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "sqla_queue"
 #: the modules and packages every other part builds on
-CORE = ("manager", "adapters", "mixins", "events", "client", "records", "payload", "leases", "retry")
+CORE = (
+    "manager",
+    "adapters",
+    "mixins",
+    "events",
+    "client",
+    "records",
+    "payload",
+    "leases",
+    "retry",
+)
 #: the parts built on the core
 FEATURES = ("worker", "server", "spark", "alembic", "cli", "ops")
 

@@ -51,11 +51,11 @@ from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
 from ..mixins import OWN_COLUMNS, Status, status_is
 from ..records import TaskRecord
+from ..rows import SUCCESS_MESSAGE
 from ..types import UtcDateTime, utcnow
 
 __all__ = ["Adapter", "ClaimFilter", "Listener", "VacuumState"]
 
-SUCCESS_MESSAGE = "Concluído com sucesso"
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 

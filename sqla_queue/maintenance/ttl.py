@@ -22,10 +22,10 @@ from sqlalchemy import Connection, Engine
 
 from ..adapters import Adapter
 from ..catalog import ITEM_TTL_MINUTES
-from ..manager import dead_letter_row
 from ..mixins import MESSAGE_MAX_LENGTH, Status
 from ..ranges import Range
 from ..redaction import fit_message
+from ..rows import dead_letter_row
 from .base import Routine, RoutineResult
 from .clock import Clock
 from .timing import Schedule
