@@ -95,6 +95,12 @@ def status_literal(status: Status | str) -> ColumnElement[str]:
     return literal_column(f"'{Status(status).value}'", String)
 
 
+#: a chain with a row in one of these is still running or waiting to run
+OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING.value)
+#: the statuses of an attempt that has ended
+CLOSED_STATUSES = (Status.SUCCEEDED.value, Status.FAILED.value, Status.FAILED_PROCESSING.value)
+
+
 def status_is(column: Any, *statuses: Status | str) -> ColumnElement[bool]:
     """``column = 'x'`` or ``column IN ('x', 'y')``, the values inline."""
     if len(statuses) == 1:

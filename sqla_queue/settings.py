@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .exceptions import ConfigurationError
 from .ranges import (
@@ -36,6 +37,7 @@ from .ranges import (
     WAIT_SECONDS,
     Range,
 )
+from .redaction import redact
 
 if TYPE_CHECKING:
     from .catalog import QueueEnvironment
@@ -52,6 +54,7 @@ __all__ = [
     "database_url",
     "driver_error",
     "engine_options",
+    "make_engine",
     "normalize_url",
 ]
 
@@ -143,6 +146,41 @@ def driver_error(url: URL, exc: BaseException) -> ConfigurationError | None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def make_engine(
+    url: str | URL,
+    *,
+    pool_size: int | None = None,
+    max_overflow: int | None = None,
+    error: type[Exception] = ConfigurationError,
+    label: str = "the database URL",
+) -> Engine:
+    """Every engine sqla-queue makes (workers, the queue server, tenant
+    databases): the driver sqla-queue uses when the URL names none, its URL
+    options as connect arguments (:func:`engine_options`), connections
+    checked before use, the pool sized for its users (``pool_size``,
+    ``max_overflow``; an in-memory SQLite database keeps SQLAlchemy's own
+    single-connection pool), and a driver that is not installed named with
+    the extra that installs it. Any other bad URL is one ``error`` naming
+    ``label`` (without the password)."""
+    parsed, connect_args = engine_options(normalize_url(url))
+    options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
+    in_memory = parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+    if not in_memory:
+        if pool_size is not None:
+            options["pool_size"] = pool_size
+        if max_overflow is not None:
+            options["max_overflow"] = max_overflow
+    try:
+        return create_engine(parsed, **options)
+    except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
+        missing = driver_error(parsed, exc)  # a driver not installed: name its extra
+        if missing is not None:
+            raise missing from None
+        raise error(
+            f"cannot use {label} {parsed.render_as_string(hide_password=True)}: {redact(str(exc))}"
+        ) from None
 
 
 def engine_options(url: URL) -> tuple[URL, dict[str, Any]]:

@@ -32,22 +32,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from .exceptions import ConfigurationError, SqlaQueueError
 from .ranges import CREDENTIALS_TTL, HTTP_TIMEOUT, TENANT_ENGINES
 from .redaction import redact
-from .settings import (
-    _DRIVERS,
-    TenantSettings,
-    driver_error,
-    engine_options,
-    normalize_url,
-)
-from .types import dialect_family
+from .settings import _DRIVERS, TenantSettings, make_engine, normalize_url
 
 if TYPE_CHECKING:
     import requests
@@ -448,23 +440,13 @@ class TenantEngines:
                 old.dispose()
 
     def _create(self, url: URL) -> Engine:
-        parsed, connect_args = engine_options(normalize_url(url))
-        options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
-        if (
-            parsed.database not in (None, "", ":memory:")
-            or dialect_family(parsed.get_backend_name()) != "sqlite"
-        ):
-            options["pool_size"] = self.pool_size
-            options["max_overflow"] = self.max_overflow
-        try:
-            return create_engine(parsed, **options)
-        except (ArgumentError, ImportError) as exc:
-            missing = driver_error(parsed, exc)
-            if missing is not None:
-                raise missing from None
-            raise TenantError(
-                f"cannot use the tenant database URL {_shown(parsed)}: {redact(str(exc))}"
-            ) from None
+        return make_engine(
+            url,
+            pool_size=self.pool_size,
+            max_overflow=self.max_overflow,
+            error=TenantError,
+            label="the tenant database URL",
+        )
 
     @contextlib.contextmanager
     def session(self, tenant: int | None) -> Iterator[Session]:

@@ -43,13 +43,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from .adapters.cancel import interrupt_ended_transaction, interrupt_statement
 from .exceptions import SqlaQueueError
 from .pipeline import Handler
 from .records import TaskRecord
-from .redaction import describe_error
 
 __all__ = [
     "GRACE_SECONDS",
@@ -81,29 +81,6 @@ def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
     )
-
-
-def interrupt_statement(conn: Connection) -> None:
-    """Cancel the statement ``conn`` is running, from another thread."""
-    dialect = conn.dialect.name
-    try:
-        dbapi_conn: Any = conn.connection.dbapi_connection
-        if dialect == "postgresql":
-            dbapi_conn.cancel()
-        elif dialect in ("mysql", "mariadb"):
-            thread_id = int(dbapi_conn.thread_id())
-            with conn.engine.connect() as other:
-                other.execute(text(f"KILL QUERY {thread_id}"))
-        elif dialect == "sqlite":
-            # Never leave a SQLite statement running: the batch transaction
-            # holds the database's write lock, and an abandoned connection
-            # cannot even be closed (close waits for the statement), so every
-            # other writer (the failure's record, the rescue, the heartbeat,
-            # the application) would get "database is locked" until it ends.
-            # sqlite3_interrupt is safe from another thread.
-            dbapi_conn.interrupt()
-    except Exception as exc:  # the statement ended, or the connection did
-        logger.debug("could not cancel the handler's statement: %s", describe_error(exc))
 
 
 class Attempt:
@@ -289,7 +266,7 @@ class TimeLimiter:
                     with contextlib.suppress(Exception):
                         abandoned.invalidate()
                 raise TimeLimitExceeded(message)
-            if _transaction_lost(conn):
+            if interrupt_ended_transaction(conn):
                 # nothing of the batch can commit now: hand it to the lost-
                 # connection path (the failure recorded on a fresh connection)
                 with contextlib.suppress(Exception):
@@ -309,20 +286,6 @@ class TimeLimiter:
                 raise TimeLimitExceeded("the handler was interrupted") from None
             raise job.error
         return job.result
-
-
-def _transaction_lost(conn: Connection) -> bool:
-    """Whether the cancelled statement ended ``conn``'s transaction: SQLite
-    rolls back the whole transaction of an interrupted INSERT, UPDATE or
-    DELETE (the savepoints with it), and later statements would each commit
-    on their own. Elsewhere a cancelled statement leaves the transaction to
-    the savepoint's rollback."""
-    if conn.dialect.name != "sqlite":
-        return False
-    try:
-        return not conn.connection.dbapi_connection.in_transaction  # type: ignore[union-attr]
-    except Exception:  # the connection is gone: its transaction too
-        return True
 
 
 def _cancelled(exc: BaseException) -> bool:

@@ -60,6 +60,10 @@ PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
+#: ids per IN list on the databases that take them one parameter each
+IN_LIST_MAX = 100
+
+
 @dataclass(frozen=True)
 class ClaimFilter:
     """Which ready rows a worker's claim may take (the runner decides, the
@@ -226,6 +230,8 @@ class Adapter:
     """Database operations on one queue table (portable defaults)."""
 
     family: ClassVar[str] = "generic"
+    #: SELECT ... FOR UPDATE SKIP LOCKED (a routine leaves a claim's rows alone)
+    skip_locked: ClassVar[bool] = False
     #: the claim connection runs in autocommit (one statement, one round trip)
     claim_autocommit: ClassVar[bool] = False
     supports_notify: ClassVar[bool] = False
@@ -357,6 +363,23 @@ class Adapter:
         (a row without a lease, claimed before leases existed, too)."""
         c = self.table.c
         return or_(c.lease_expires_at.is_(None), c.lease_expires_at < self.now())
+
+    def id_match(self, column: Any, name: str) -> ColumnElement[bool]:
+        """``column IN (:name...)``, one parameter per value."""
+        matched: ColumnElement[bool] = column.in_(bindparam(name, expanding=True))
+        return matched
+
+    def id_chunks(self, ids: Sequence[int]) -> list[list[int]]:
+        """``ids`` in lists short enough for an index look-up. MariaDB turns
+        an IN list of ``in_predicate_conversion_threshold`` (1,000) values
+        or more into a join with a table of values, which it planned as a
+        scan of the whole queue table beside 100,000 finished rows."""
+        ids = list(ids)
+        return [ids[at : at + IN_LIST_MAX] for at in range(0, len(ids), IN_LIST_MAX)]
+
+    def force_index(self, statement: Any, index: str) -> Any:
+        """``statement`` told to use ``index``, where the planner needs it."""
+        return statement
 
     def prepare_engine(self, engine: Engine) -> None:
         """Per-dialect settings the worker needs on its own engine."""
@@ -671,6 +694,11 @@ class Adapter:
         """Make ``conn``'s transaction the table's only writer until it ends,
         before a check-then-insert that row locks must guard. Where
         ``FOR UPDATE`` locks rows (here), it guards them: nothing to do."""
+
+    def routine_lock(self, engine: Engine) -> Any:
+        """The maintenance routines' lock on this database (a
+        ``RoutineLock``: ``sqla_queue.adapters.locks``)."""
+        raise UnsupportedOperationError(f"{self.family}: routine_lock")
 
     def lock_try(self, conn: Connection, *, key: int) -> bool:
         """Try to take maintenance lock ``key`` on ``conn``, without waiting."""

@@ -57,6 +57,7 @@ from .base import (
     driver_cursor,
     statements_unobserved,
 )
+from .locks import DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
@@ -131,6 +132,7 @@ def _commit_without_flush() -> ColumnElement[bool]:
 
 class PostgresAdapter(Adapter):
     family = "postgresql"
+    skip_locked = True
     claim_autocommit = True
     supports_notify = True
     supports_task_locks = True
@@ -255,6 +257,22 @@ class PostgresAdapter(Adapter):
     def _quoted(self) -> str:
         t = self.table
         return f'"{t.schema}"."{t.name}"' if t.schema else f'"{t.name}"'
+
+    def routine_lock(self, engine: Engine) -> RoutineLock:
+        if not self.task_locks:
+            # per-task locks off: the sign of a transaction-pooling PgBouncer
+            # (docs/pgbouncer.md), behind which session locks leak
+            return TransactionRoutineLock(engine, self)
+        return DatabaseRoutineLock(engine, self)
+
+    def id_match(self, column: Any, name: str) -> ColumnElement[bool]:
+        # one array parameter: a thousand expanded parameters cost more to
+        # build than to run
+        matched: ColumnElement[bool] = column == any_(cast(bindparam(name), ARRAY(BigInteger)))
+        return matched
+
+    def id_chunks(self, ids: Sequence[int]) -> list[list[int]]:
+        return [list(ids)]  # one array, whatever its length
 
     def now(self) -> ColumnElement[dt.datetime]:
         # the transaction's start, unless the caller's transaction began

@@ -29,6 +29,7 @@ adapter's statements run against MariaDB, through both PyMySQL and the
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from ..exceptions import UnsupportedOperationError
 from ..mixins import Status, status_is
 from ..records import TaskRecord
 from .base import Adapter
+from .locks import LocalRoutineLock, RoutineLock
 from .mysql import MySQLAdapter
 
 _NO_LOCKS = (
@@ -47,10 +49,25 @@ _NO_LOCKS = (
 )
 
 
+logger = logging.getLogger("sqla_queue.maintenance")
+
+
 class SingleStoreAdapter(MySQLAdapter):
     family = "singlestore"
     supports_task_locks = False
     skip_locked = False
+
+    def routine_lock(self, engine: Engine) -> RoutineLock:
+        # neither advisory locks nor GET_LOCK: until a lock server is
+        # configured, routines may run on several workers at once
+        logger.info(
+            "%s has no session lock: maintenance routines are not exclusive across workers",
+            self.family,
+        )
+        return LocalRoutineLock(f"{engine.url}:{self.qualified_name}")
+
+    def force_index(self, statement: Any, index: str) -> Any:
+        return statement  # its own planner; the hint is MariaDB's
 
     def _prepare(self) -> None:
         super()._prepare()

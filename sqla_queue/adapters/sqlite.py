@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine, bindparam, event, false, select, upda
 from ..mixins import Status
 from ..records import TaskRecord
 from .base import Adapter
+from .locks import LocalRoutineLock, RoutineLock, SQLiteRoutineLock
 
 BUSY_TIMEOUT_SECONDS = 30.0
 # set on a pooled connection's record once it has the settings below
@@ -105,6 +106,12 @@ class SQLiteAdapter(Adapter):
             # take the write lock up front: a deferred transaction that reads
             # and then writes can fail at once instead of waiting its turn
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def routine_lock(self, engine: Engine) -> RoutineLock:
+        database = engine.url.database
+        if database in (None, "", ":memory:") or database.startswith("file::memory:"):
+            return LocalRoutineLock(f"{id(engine)}:{self.qualified_name}")
+        return SQLiteRoutineLock(database, self.qualified_name)
 
     def lock_writers(self, conn: Connection) -> None:
         # SQLite has no row locks (FOR UPDATE is left out), and Python's

@@ -19,8 +19,8 @@ from typing import ClassVar
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
+from ..adapters.maintenance import MaintenanceQueries
 from .clock import Clock, SystemClock
-from .queries import MaintenanceQueries
 from .timing import Schedule
 
 __all__ = ["Routine", "RoutineResult"]

@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, Table
 
 from ..adapters import Adapter
+from ..adapters.maintenance import FamilyRow, family_key
 from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
+from ..mixins import OPEN_STATUSES
 from ..redaction import describe_error
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .queries import OPEN_STATUSES, FamilyRow, family_key
 from .timing import Schedule
 
 __all__ = ["BeforeDelete", "PurgeConfig", "PurgeRoutine"]

@@ -13,20 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Any
 
-from sqlalchemy import Engine, Table, create_engine
+from sqlalchemy import Engine, Table
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError
 
 from ..adapters import adapter_for
 from ..client import resolve_table
 from ..exceptions import ConfigurationError
 from ..identifiers import validate_identifier
 from ..mixins import channel_of
-from ..redaction import redact
-from ..settings import ServerSettings, Settings, driver_error, engine_options, normalize_url
-from ..types import dialect_family
+from ..settings import ServerSettings, Settings, make_engine
 from ..worker import WorkerBase
 from .service import QueueServer
 
@@ -56,20 +52,7 @@ def _engine(url: str | URL | None) -> Engine:
         raise ConfigurationError(
             "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
         )
-    parsed, connect_args = engine_options(normalize_url(url))
-    options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
-    if dialect_family(parsed.get_backend_name()) != "sqlite":
-        options.update(pool_size=1, max_overflow=0)  # one look at a time
-    try:
-        return create_engine(parsed, **options)
-    except (ArgumentError, ImportError) as exc:
-        missing = driver_error(parsed, exc)
-        if missing is not None:
-            raise missing from None
-        raise ConfigurationError(
-            f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
-            f"{redact(str(exc))}"
-        ) from None
+    return make_engine(url, pool_size=1, max_overflow=0)  # one look at a time
 
 
 def serve(

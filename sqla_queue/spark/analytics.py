@@ -45,7 +45,7 @@ from sqlalchemy import Table
 from sqlalchemy.engine import URL
 
 from ..client import resolve_table
-from ..mixins import QueueMixin, Status
+from ..mixins import OPEN_STATUSES, QueueMixin, Status
 from .jdbc import read_queue
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ READ_COLUMNS = (
 )
 PERCENTILES = (0.5, 0.95, 0.99)
 SLOWEST_CHAINS = 20
-OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING.value)
 FAILED_STATUSES = (Status.FAILED.value, Status.FAILED_PROCESSING.value)
 #: the figures' columns, after the grouping keys
 FIGURES = (

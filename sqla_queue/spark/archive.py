@@ -60,7 +60,7 @@ from sqlalchemy.engine import URL
 from ..adapters import Adapter, adapter_for
 from ..client import resolve_table
 from ..exceptions import ConfigurationError, SparkJobError, UnsupportedOperationError
-from ..mixins import QueueMixin, Status
+from ..mixins import OPEN_STATUSES, QueueMixin
 from ..settings import normalize_url
 from ..types import utcnow
 from .jdbc import read_queue
@@ -76,7 +76,6 @@ ARCHIVE_LOCK_KEY = 17
 DEFAULT_CHUNK_FAMILIES = 1000
 IDS_PER_STATEMENT = 1000
 STAGING = "_staging"
-OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING.value)
 FORMATS = ("parquet", "orc")
 
 

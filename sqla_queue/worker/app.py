@@ -19,9 +19,9 @@ import logging
 import threading
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, inspect
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from ..adapters import Adapter, ClaimFilter, adapter_for
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
@@ -40,7 +40,7 @@ from ..redaction import redact
 from ..resolution import Effective, resolve
 from ..retry import ExponentialBackoff, RetryPolicy
 from ..routing import claim_filter_of
-from ..settings import Settings, engine_options, normalize_url
+from ..settings import Settings, make_engine
 from ..stages.webhook import WebhookStage, webhook_subscribers_of
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter
@@ -263,25 +263,7 @@ class QueueApp:
             raise ConfigurationError(
                 "no database: pass --url, or set SQLA_QUEUE_URL or the DB_* variables"
             )
-        parsed, connect_args = engine_options(normalize_url(url))
-        options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
-        if (
-            parsed.database not in (None, "", ":memory:")
-            or dialect_family(parsed.get_backend_name()) != "sqlite"
-        ):
-            options["pool_size"] = self._connections_needed()
-        try:
-            return create_engine(parsed, **options)
-        except (ArgumentError, ImportError) as exc:  # NoSuchModuleError: an unknown dialect
-            from ..settings import driver_error  # only this failure path needs it
-
-            missing = driver_error(parsed, exc)  # a driver not installed: name its extra
-            if missing is not None:
-                raise missing from None
-            raise ConfigurationError(
-                f"cannot use the database URL {parsed.render_as_string(hide_password=True)}: "
-                f"{redact(str(exc))}"
-            ) from None
+        return make_engine(url, pool_size=self._connections_needed())
 
     def _check_pool(self) -> None:
         """A pool smaller than the lanes need would make them wait for each

@@ -1,43 +1,27 @@
 """The maintenance routines' statements, beside the adapter they extend.
 
 Portable SQLAlchemy Core, compiled once per queue table; the adapter gives
-what differs by dialect (its id matching, whether the database can ``SKIP
-LOCKED``). Times are bound from the routine's clock, so a test can move it.
+what differs by dialect (its id matching and chunking, its index hints,
+whether the database can ``SKIP LOCKED``). Times are bound from the
+routine's clock, so a test can move it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    BigInteger,
-    Connection,
-    Integer,
-    any_,
-    bindparam,
-    cast,
-    delete,
-    select,
-    update,
-)
-from sqlalchemy.sql import Select
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import Connection, Integer, bindparam, delete, select, update
 
-from ..adapters import Adapter
 from ..identifiers import derived_identifier
-from ..mixins import Status, status_is
+from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, status_is
 from ..types import UtcDateTime
 
+if TYPE_CHECKING:
+    from .base import Adapter
+
 __all__ = ["CLOSED_STATUSES", "OPEN_STATUSES", "FamilyRow", "MaintenanceQueries"]
-
-#: a chain with a row in one of these is still running or waiting to run
-OPEN_STATUSES = (Status.SCHEDULED.value, Status.PENDING.value, Status.PROCESSING.value)
-CLOSED_STATUSES = (Status.SUCCEEDED.value, Status.FAILED.value, Status.FAILED_PROCESSING.value)
-
-#: ids per IN list on the databases that take them one parameter each
-IN_LIST_MAX = 100
 
 #: (id, id_inicial, dead, live_id, status, data_hora) of a row of a family
 FamilyRow = tuple[int, int | None, bool, int | None, str | None, dt.datetime | None]
@@ -61,9 +45,7 @@ class MaintenanceQueries:
         self.adapter = adapter
         table = adapter.table
         c = table.c
-        self.skip_locked = adapter.family in ("postgresql", "mysql") and getattr(
-            adapter, "skip_locked", True
-        )
+        self.skip_locked = adapter.skip_locked
         before = bindparam("before", type_=UtcDateTime())
         limit = bindparam("limit", type_=Integer, literal_execute=True)
         self._stale_pending = (
@@ -100,7 +82,9 @@ class MaintenanceQueries:
         )
         family_columns = (c.id, c.id_inicial, c.dead, c.live_id, c.status, c.data_hora)
         self._family = [
-            self._using(select(*family_columns).where(self._in(column, "keys")), index)
+            adapter.force_index(
+                select(*family_columns).where(adapter.id_match(column, "keys")), index
+            )
             for column, index in (
                 (c.id, "PRIMARY"),
                 (c.id_inicial, derived_identifier(table.name, "inicial", "ix_")),
@@ -108,32 +92,8 @@ class MaintenanceQueries:
             )
         ]
         self._delete = delete(table).where(
-            self._in(c.id, "ids"), status_is(c.status, *CLOSED_STATUSES)
+            adapter.id_match(c.id, "ids"), status_is(c.status, *CLOSED_STATUSES)
         )
-
-    def _using(self, statement: Select[Any], index: str) -> Select[Any]:
-        """On MySQL/MariaDB, ``FORCE INDEX``: InnoDB counts NULLs as one value
-        (``innodb_stats_method = nulls_equal``), so beside a history whose
-        ``id_inicial`` and ``live_id`` are mostly NULL it judged each IN
-        value to match the whole table, and scanned it (100,000 rows read
-        per purge chunk, tests/test_plans.py)."""
-        if self.adapter.family != "mysql":
-            return statement
-        hint = f"FORCE INDEX (`{index}`)"
-        table = self.adapter.table
-        return statement.with_hint(table, hint, "mysql").with_hint(table, hint, "mariadb")
-
-    def _in(self, column: Any, name: str) -> ColumnElement[bool]:
-        """``column IN (:name...)``; on PostgreSQL one array parameter (a
-        thousand expanded parameters cost more to build than to run)."""
-        if self.adapter.family == "postgresql":
-            # imported here: only a PostgreSQL worker loads that dialect
-            from sqlalchemy.dialects.postgresql import ARRAY
-
-            matched: ColumnElement[bool] = column == any_(cast(bindparam(name), ARRAY(BigInteger)))
-            return matched
-        expanded: ColumnElement[bool] = column.in_(bindparam(name, expanding=True))
-        return expanded
 
     # ------------------------------------------------------------ schedule
     def pending_stale_exists(self, conn: Connection, *, before: dt.datetime) -> bool:
@@ -166,7 +126,7 @@ class MaintenanceQueries:
         which not every planner turns into a union."""
         seen: dict[int, FamilyRow] = {}
         for statement in self._family:
-            for chunk in self._id_chunks(keys):
+            for chunk in self.adapter.id_chunks(keys):
                 rows = conn.execute(statement, {"keys": chunk}).all()
                 self._family_into(seen, rows, conn)
         return list(seen.values())
@@ -188,16 +148,5 @@ class MaintenanceQueries:
         """Delete closed rows by id (a row that is not closed stays)."""
         return sum(
             int(conn.execute(self._delete, {"ids": chunk}).rowcount)
-            for chunk in self._id_chunks(ids)
+            for chunk in self.adapter.id_chunks(ids)
         )
-
-    def _id_chunks(self, ids: Sequence[int]) -> list[list[int]]:
-        """``ids`` in lists short enough for an index look-up. MariaDB turns
-        an IN list of ``in_predicate_conversion_threshold`` (1,000) values
-        or more into a join with a table of values, which it planned as a
-        scan of the whole queue table beside 100,000 finished rows; PostgreSQL
-        takes one array whatever its length."""
-        ids = list(ids)
-        if self.adapter.family == "postgresql":
-            return [ids]
-        return [ids[at : at + IN_LIST_MAX] for at in range(0, len(ids), IN_LIST_MAX)]

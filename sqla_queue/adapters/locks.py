@@ -1,0 +1,269 @@
+"""The routine lock: only one worker of a queue runs a routine at a time.
+
+One small interface, :class:`RoutineLock`, so that the database locks here
+and a lock server's (client-server mode) are interchangeable: the routines
+never see which one they run under. Each adapter's ``routine_lock(engine)``
+makes its database's (``sqla_queue.maintenance.lock.routine_lock_for`` is
+the one place a worker asks for it, and where a lock server plugs in).
+
+The database implementations are *session* locks that die with their
+holder, on a connection of their own (so a worker that is killed frees its
+routines at once):
+
+- PostgreSQL: ``pg_try_advisory_lock(<queue's maintenance namespace>, <routine key>)``;
+  with per-task locks off (behind a transaction-pooling PgBouncer, where a
+  session lock leaks to whichever client next gets its server session),
+  ``pg_try_advisory_xact_lock`` in a transaction kept open while it is held;
+- MySQL, MariaDB: ``GET_LOCK('sqlaq:<hash of database and table>:m<routine key>', 0)``;
+- SQLite: the write lock (``BEGIN IMMEDIATE``) of a small lock file beside
+  the database, one per queue table and routine: held, it blocks no writer
+  of the queue, and the operating system frees it with the process.
+  An in-memory database has a single process: an in-process lock serves.
+
+Names are namespaced per queue table, so two queues never share a lock.
+Should a lock ever be taken twice, the routines survive running on two
+workers at once (each takes only rows no other transaction holds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from sqlalchemy import Connection, Engine
+
+from ..redaction import describe_error
+
+if TYPE_CHECKING:
+    from .base import Adapter
+
+__all__ = [
+    "DatabaseRoutineLock",
+    "LocalRoutineLock",
+    "RoutineLock",
+    "SQLiteRoutineLock",
+    "TransactionRoutineLock",
+    "routine_key",
+]
+
+logger = logging.getLogger("sqla_queue.maintenance")
+
+
+@runtime_checkable
+class RoutineLock(Protocol):
+    def try_acquire(self, name: str) -> bool:
+        """Take the lock ``name`` without waiting; whether it was taken."""
+        ...
+
+    def release(self, name: str) -> None:
+        """Give back ``name`` (taken by this object); nothing if not held."""
+        ...
+
+
+def routine_key(name: str) -> int:
+    """A routine's lock key: a signed 32-bit number stable across processes."""
+    value = zlib.crc32(f"sqla_queue:routine:{name}".encode())
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+class DatabaseRoutineLock:
+    """Advisory locks / GET_LOCK, held on one connection of their own, kept
+    for the worker's life (taken from the pool once, not at every slot)."""
+
+    def __init__(self, engine: Engine, adapter: Adapter) -> None:
+        self.engine = engine
+        self.adapter = adapter
+        self._conn: Connection | None = None
+        self._held: set[str] = set()
+        self._mutex = threading.Lock()
+        self._failing = False
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.invalidated or self._conn.closed:
+            self._held.clear()  # whatever the old connection held died with it
+            self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._conn
+
+    def try_acquire(self, name: str) -> bool:
+        with self._mutex:
+            if name in self._held:
+                return True
+            try:
+                conn = self._connection()
+                with conn.begin():
+                    got = self.adapter.lock_try(conn, key=routine_key(name))
+            except Exception as exc:  # the database is away: nobody runs it now
+                # once per outage, not once a second
+                log = logger.debug if self._failing else logger.warning
+                log("routine lock %s: %s", name, describe_error(exc))
+                self._failing = True
+                self._drop()
+                return False
+            self._failing = False
+            if got:
+                self._held.add(name)
+            return got
+
+    def release(self, name: str) -> None:
+        with self._mutex:
+            if name not in self._held:
+                return
+            self._held.discard(name)
+            conn = self._conn
+            if conn is None:
+                return
+            try:
+                with conn.begin():
+                    self.adapter.lock_release(conn, key=routine_key(name))
+            except Exception as exc:  # the connection died, and the lock with it
+                logger.debug("routine lock %s release: %s", name, describe_error(exc))
+                self._drop()
+
+    def close(self) -> None:
+        """Give everything back: each lock explicitly (the server frees a
+        closed connection's locks a moment later, not at once), then the
+        connection, for good: not to the pool, where a lock that could not
+        be released would outlive us."""
+        for name in list(self._held):
+            self.release(name)
+        with self._mutex:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._held.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+                conn.close()
+
+
+class _TransactionPerLock:
+    """A lock per name, held by a transaction left open on a connection of
+    its own, and freed by ending it. Subclasses open and begin it."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, Any] = {}
+        self._mutex = threading.Lock()
+
+    def _open(self, name: str) -> Any:
+        """A connection holding ``name``'s lock in its open transaction, or
+        None when someone else holds it."""
+        raise NotImplementedError
+
+    def try_acquire(self, name: str) -> bool:
+        with self._mutex:
+            if name in self._held:
+                return True
+        conn = self._open(name)
+        if conn is None:
+            return False
+        with self._mutex:
+            self._held[name] = conn
+        return True
+
+    def release(self, name: str) -> None:
+        with self._mutex:
+            conn = self._held.pop(name, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.rollback()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        for name in list(self._held):
+            self.release(name)
+
+
+class TransactionRoutineLock(_TransactionPerLock):
+    """PostgreSQL advisory locks held by an open transaction, one connection
+    per lock: behind a transaction-pooling PgBouncer an open transaction
+    keeps its server session, and ending it frees the lock wherever it is.
+    The holding connection is idle in transaction between runs; it takes no
+    snapshot, so it holds back no vacuum."""
+
+    def __init__(self, engine: Engine, adapter: Adapter) -> None:
+        super().__init__()
+        self.engine = engine
+        self.adapter = adapter
+
+    def _open(self, name: str) -> Any:
+        conn = None
+        try:
+            conn = self.engine.connect()
+            conn.begin()
+            postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
+            if postgres.lock_try_transaction(conn, key=routine_key(name)):
+                return conn
+        except Exception as exc:  # the database is away: nobody runs it now
+            logger.debug("routine lock %s: %s", name, describe_error(exc))
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        return None
+
+
+class SQLiteRoutineLock(_TransactionPerLock):
+    """SQLite's write lock on a lock file per queue table and routine."""
+
+    def __init__(self, database: str, qualified_table: str) -> None:
+        super().__init__()
+        self.database = database
+        self.qualified_table = qualified_table
+
+    def path(self, name: str) -> Path:
+        digest = zlib.crc32(f"{self.qualified_table}:{name}".encode())
+        return Path(f"{self.database}-sqlaq-{digest:08x}.lock")
+
+    def _open(self, name: str) -> Any:
+        conn = None
+        try:
+            conn = sqlite3.connect(
+                self.path(name), timeout=0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("BEGIN IMMEDIATE")
+            return conn
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            if "locked" not in str(exc):
+                logger.warning("routine lock %s: %s", name, exc)
+            return None
+
+
+class LocalRoutineLock:
+    """Exclusive within this process only (an in-memory SQLite database)."""
+
+    _registry: ClassVar[dict[str, threading.Lock]] = {}
+    _registry_mutex: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, namespace: str = "") -> None:
+        self.namespace = namespace
+        self._held: set[str] = set()
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._registry_mutex:
+            return self._registry.setdefault(f"{self.namespace}:{name}", threading.Lock())
+
+    def try_acquire(self, name: str) -> bool:
+        if name in self._held:
+            return True
+        if self._lock(name).acquire(blocking=False):
+            self._held.add(name)
+            return True
+        return False
+
+    def release(self, name: str) -> None:
+        if name in self._held:
+            self._held.discard(name)
+            self._lock(name).release()
+
+    def close(self) -> None:
+        for name in list(self._held):
+            self.release(name)
