@@ -109,7 +109,7 @@ def test_bad_schedules_are_refused_with_the_variable_name(text: str, message: st
 def test_routine_lock_is_exclusive_namespaced_and_freed(engine: Engine, app: App) -> None:
     first = runner(app.RecordingWorker, engine)
     second = runner(app.RecordingWorker, engine)
-    a, b = first.routine_lock(), second.routine_lock()
+    a, b = first.app.routine_lock(), second.app.routine_lock()
     try:
         assert a.try_acquire("purge")
         assert a.try_acquire("purge")  # re-entrant for its holder

@@ -109,7 +109,7 @@ def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
     pooled = bouncer.engine()
     env = Settings.from_env({"SQLA_QUEUE_TASK_LOCKS": "false"})
     first, second = (
-        Runner(app.RecordingWorker(), engine=pooled, settings=env).routine_lock() for _ in "ab"
+        Runner(app.RecordingWorker(), engine=pooled, settings=env).app.routine_lock() for _ in "ab"
     )
     try:
         assert isinstance(first, TransactionRoutineLock)
