@@ -12,7 +12,7 @@ them its own way and one revision serves all of them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from alembic.autogenerate.api import AutogenContext
 from sqlalchemy.schema import DefaultClause
@@ -23,7 +23,7 @@ from ..types import utc_now
 TYPES_IMPORT = "import sqla_queue.types"
 
 
-def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | bool:
+def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     """Alembic's ``render_item`` hook: the portable server defaults, and
     False (alembic's own rendering) for everything else."""
     if type_ != "server_default" or not isinstance(obj, DefaultClause):

@@ -32,4 +32,5 @@ __all__ = [
 
 def routine_lock_for(engine: Engine, adapter: Adapter) -> RoutineLock:
     """The lock a worker's routines use on this database (its adapter's)."""
-    return adapter.routine_lock(engine)
+    lock: RoutineLock = adapter.routine_lock(engine)
+    return lock
