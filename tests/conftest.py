@@ -160,6 +160,16 @@ def engine(db_url: str, app: App) -> Iterator[Engine]:
 
 
 @pytest.fixture
+def observer(engine: Engine) -> Iterator[Engine]:
+    """A second engine on the same database: sees only what is committed."""
+    other = create_engine(engine.url.render_as_string(hide_password=False))
+    try:
+        yield other
+    finally:
+        other.dispose()
+
+
+@pytest.fixture
 def papp(table_name: str) -> Any:
     """A pub/sub application (tests/pubsub_app.py) on a fresh table name."""
     from tests.pubsub_app import build as build_pubsub

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, select, update
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, Runner, hooks
@@ -27,16 +26,6 @@ def enqueue(engine: Engine, app: App, *payloads: Any) -> list[int]:
         session.add_all(tasks)
         session.flush()
         return [task.id for task in tasks]
-
-
-@pytest.fixture
-def observer(engine: Engine) -> Iterator[Engine]:
-    """Another engine on the database: it sees only what is committed."""
-    other = create_engine(engine.url.render_as_string(hide_password=False))
-    try:
-        yield other
-    finally:
-        other.dispose()
 
 
 def status_of(engine: Engine, app: App, task_id: int) -> str:

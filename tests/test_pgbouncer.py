@@ -101,7 +101,7 @@ def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
     """With per-task locks off (the PgBouncer set-up), routine locks are
     advisory locks of an open transaction: a session lock would stay on
     whichever server session took it, and never be freed."""
-    from sqla_queue.maintenance.lock import TransactionRoutineLock
+    from sqla_queue.adapters.locks import TransactionRoutineLock
     from sqla_queue.settings import Settings
     from sqla_queue.worker import Runner
 

@@ -78,16 +78,6 @@ def effects(engine: Engine, app: App) -> list[tuple[int, int, str | None]]:
         return [(task_id, chain_id, note) for task_id, chain_id, note in rows]
 
 
-@pytest.fixture
-def observer(engine: Engine) -> Iterator[Engine]:
-    """A second engine on the same database: sees only what is committed."""
-    other = create_engine(engine.url.render_as_string(hide_password=False))
-    try:
-        yield other
-    finally:
-        other.dispose()
-
-
 # --------------------------------------------------------------------- success
 def test_success_commits_the_handler_effect_together_with_sucesso(
     engine: Engine, app: App, installed: None, observer: Engine

@@ -10,24 +10,9 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..adapters.locks import (
-    DatabaseRoutineLock,
-    LocalRoutineLock,
-    RoutineLock,
-    SQLiteRoutineLock,
-    TransactionRoutineLock,
-    routine_key,
-)
+from ..adapters.locks import RoutineLock
 
-__all__ = [
-    "DatabaseRoutineLock",
-    "LocalRoutineLock",
-    "RoutineLock",
-    "SQLiteRoutineLock",
-    "TransactionRoutineLock",
-    "routine_key",
-    "routine_lock_for",
-]
+__all__ = ["RoutineLock", "routine_lock_for"]
 
 
 def routine_lock_for(engine: Engine, adapter: Adapter) -> RoutineLock:
