@@ -38,7 +38,6 @@ import contextlib
 import ctypes
 import logging
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,7 +45,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from .adapters.cancel import interrupt_ended_transaction, interrupt_statement
+from .adapters.cancel import interrupt_ended_transaction, interrupt_statement, was_cancelled
 from .exceptions import SqlaQueueError
 from .pipeline import Handler
 from .records import TaskRecord
@@ -274,7 +273,7 @@ class TimeLimiter:
                 raise TimeLimitExceeded(message)
             if job.error is None:
                 return job.result  # it finished at the deadline: its work stands
-            if isinstance(job.error, HandlerInterrupted) or _cancelled(job.error):
+            if isinstance(job.error, HandlerInterrupted) or was_cancelled(job.error):
                 raise TimeLimitExceeded(message) from None
         return self._outcome(job)
 
@@ -286,15 +285,3 @@ class TimeLimiter:
                 raise TimeLimitExceeded("the handler was interrupted") from None
             raise job.error
         return job.result
-
-
-def _cancelled(exc: BaseException) -> bool:
-    """A driver error saying the statement was cancelled (by us)."""
-    orig = getattr(exc, "orig", exc)
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate == "57014":  # query_canceled
-        return True
-    if getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_INTERRUPT:
-        return True
-    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
-    return bool(args) and args[0] in (1317, 1927)  # query interrupted / connection killed

@@ -146,3 +146,67 @@ def test_no_import_circle() -> None:
 
 def test_the_core_imports_no_feature() -> None:
     assert list(core_to_feature(import_graph())) == []
+
+
+# ------------------------------------------------------------- dialect code
+#: where SQL text and tests of the dialect belong, and why
+DIALECT_PLACES = {
+    "sqla_queue/adapters/": "every statement on the queue, per dialect",
+    "sqla_queue/ddl.py": "the CREATE statements",
+    "sqla_queue/ddl_singlestore.py": "SingleStore's CREATE TABLE options",
+    "sqla_queue/alembic/": "the migration operations",
+    "sqla_queue/mixins.py": "the schema",
+    "sqla_queue/types.py": "the schema's column types",
+    "sqla_queue/settings.py": "URLs and drivers, before any adapter exists",
+    "sqla_queue/spark/jdbc.py": "Spark's JDBC URLs and drivers",
+}
+DIALECTS = {"postgresql", "postgres", "mysql", "mariadb", "sqlite", "singlestore", "singlestoredb"}
+SQL_WORDS = ("SELECT", "UPDATE", "INSERT", "DELETE", "KILL", "SET ", "LOCK", "VACUUM", "ANALYZE")
+SQL_WORDS += ("BEGIN", "PRAGMA", "CREATE", "DROP", "ALTER")
+
+
+def _strings(node: ast.expr) -> list[object]:
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    return []
+
+
+def dialect_code(source: str) -> Iterator[tuple[int, str]]:
+    """(line, what) of each comparison with a dialect's name and each SQL
+    text (``text("SELECT ...")``, ``exec_driver_sql``) in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            values = [v for side in (node.left, *node.comparators) for v in _strings(side)]
+            if any(isinstance(v, str) and v in DIALECTS for v in values):
+                yield node.lineno, "a test of the dialect"
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            first = node.args[0]
+            sql = isinstance(first, ast.Constant) and str(first.value).lstrip().upper()
+            if name in ("text", "exec_driver_sql") and sql and sql.startswith(SQL_WORDS):
+                yield node.lineno, "SQL text"
+
+
+def test_the_reader_finds_dialect_tests_and_sql_text() -> None:
+    source = (
+        "if conn.dialect.name == 'postgresql': pass\n"
+        "ok = family in ('mysql', 'mariadb')\n"
+        "conn.execute(text('SELECT pg_sleep(1)'))\n"
+        "conn.exec_driver_sql('PRAGMA busy_timeout = 1')\n"
+        "label = text('a message')\n"
+    )
+    assert sorted(line for line, _ in dialect_code(source)) == [1, 2, 3, 4]
+
+
+def test_sql_text_and_dialect_tests_stay_in_their_places() -> None:
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "alembic_templates" not in path.parts
+        and not path.relative_to(ROOT).as_posix().startswith(tuple(DIALECT_PLACES))
+        for line, what in dialect_code(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []

@@ -232,6 +232,9 @@ class Adapter:
     family: ClassVar[str] = "generic"
     #: SELECT ... FOR UPDATE SKIP LOCKED (a routine leaves a claim's rows alone)
     skip_locked: ClassVar[bool] = False
+    #: why a worker needs the queue server here (no lock that dies with a
+    #: connection, no NOTIFY); empty: it does not
+    needs_queue_server: ClassVar[str] = ""
     #: the claim connection runs in autocommit (one statement, one round trip)
     claim_autocommit: ClassVar[bool] = False
     supports_notify: ClassVar[bool] = False
@@ -694,6 +697,22 @@ class Adapter:
         """Make ``conn``'s transaction the table's only writer until it ends,
         before a check-then-insert that row locks must guard. Where
         ``FOR UPDATE`` locks rows (here), it guards them: nothing to do."""
+
+    def connect_bulk(self, engine: Engine) -> Connection:
+        """A connection for a bulk writer (the Spark enqueue's partitions)."""
+        return engine.connect()
+
+    def bucket_lock(
+        self, conn: Connection, *, namespace: int, bucket: int, wait_seconds: float
+    ) -> str | None:
+        """Serialise writers of one dedupe bucket (``namespace``, ``bucket``)
+        until ``conn``'s transaction ends; the name of a lock that outlives
+        it (release it with :meth:`bucket_unlock` after the commit), or
+        None. Here (SQLite) the transaction holds the write lock already."""
+        return None
+
+    def bucket_unlock(self, conn: Connection, name: str) -> None:
+        """Free a lock :meth:`bucket_lock` named."""
 
     def routine_lock(self, engine: Engine) -> Any:
         """The maintenance routines' lock on this database (a

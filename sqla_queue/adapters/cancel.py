@@ -8,13 +8,14 @@ tenant database's, of another dialect than the queue's.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Connection, text
 
 from ..redaction import describe_error
 
-__all__ = ["interrupt_ended_transaction", "interrupt_statement"]
+__all__ = ["interrupt_ended_transaction", "interrupt_statement", "was_cancelled"]
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -54,3 +55,15 @@ def interrupt_ended_transaction(conn: Connection) -> bool:
         return not conn.connection.dbapi_connection.in_transaction  # type: ignore[union-attr]
     except Exception:  # the connection is gone: its transaction too
         return True
+
+
+def was_cancelled(exc: BaseException) -> bool:
+    """A driver error saying the statement was cancelled (by us)."""
+    orig = getattr(exc, "orig", exc)
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate == "57014":  # query_canceled
+        return True
+    if getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_INTERRUPT:
+        return True
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    return bool(args) and args[0] in (1317, 1927)  # query interrupted / connection killed

@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..exceptions import SqlaQueueError
 from ..mixins import Status, status_is
 from ..records import TaskRecord
 from .base import PROMOTE_CHUNK, Adapter
@@ -44,6 +45,24 @@ class MySQLAdapter(Adapter):
     supports_task_locks = True
     #: SELECT ... FOR UPDATE SKIP LOCKED (MariaDB 10.6+, MySQL 8.0+)
     skip_locked: ClassVar[bool] = True
+
+    def connect_bulk(self, engine: Engine) -> Connection:
+        return engine.connect().execution_options(isolation_level="READ COMMITTED")
+
+    def bucket_lock(
+        self, conn: Connection, *, namespace: int, bucket: int, wait_seconds: float
+    ) -> str | None:
+        # GET_LOCK outlives the transaction: the caller frees it after COMMIT
+        name = f"sqlaq:{namespace & 0xFFFFFFFF:08x}:dedupe:{bucket}"
+        got = conn.execute(
+            text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": wait_seconds}
+        ).scalar()
+        if got != 1:
+            raise SqlaQueueError(f"dedupe lock {name} not obtained in {wait_seconds:g} s")
+        return name
+
+    def bucket_unlock(self, conn: Connection, name: str) -> None:
+        conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
 
     def routine_lock(self, engine: Engine) -> RoutineLock:
         return DatabaseRoutineLock(engine, self)

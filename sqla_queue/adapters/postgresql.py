@@ -150,6 +150,7 @@ class PostgresAdapter(Adapter):
 
     def _prepare(self) -> None:
         super()._prepare()
+        self._bucket_lock = text("SELECT pg_advisory_xact_lock(:ns, :bucket)")
         t = self.table
         c = t.c
         ready = (
@@ -257,6 +258,13 @@ class PostgresAdapter(Adapter):
     def _quoted(self) -> str:
         t = self.table
         return f'"{t.schema}"."{t.name}"' if t.schema else f'"{t.name}"'
+
+    def bucket_lock(
+        self, conn: Connection, *, namespace: int, bucket: int, wait_seconds: float
+    ) -> str | None:
+        # freed by the commit
+        conn.execute(self._bucket_lock, {"ns": namespace, "bucket": bucket})
+        return None
 
     def routine_lock(self, engine: Engine) -> RoutineLock:
         if not self.task_locks:

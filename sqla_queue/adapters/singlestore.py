@@ -56,6 +56,22 @@ class SingleStoreAdapter(MySQLAdapter):
     family = "singlestore"
     supports_task_locks = False
     skip_locked = False
+    needs_queue_server = (
+        "SingleStore needs the queue server: start `sqla-queue server` and set "
+        "CLIENT_SERVER_MODE=true, SERVER_HOST and SQLA_QUEUE_SERVER_SECRET "
+        "(docs/singlestore.md)"
+    )
+
+    def connect_bulk(self, engine: Engine) -> Connection:
+        return engine.connect()  # READ COMMITTED is its only level
+
+    def bucket_lock(
+        self, conn: Connection, *, namespace: int, bucket: int, wait_seconds: float
+    ) -> str | None:
+        return None  # no GET_LOCK: the dedupe's look-up is all there is
+
+    def bucket_unlock(self, conn: Connection, name: str) -> None:
+        pass
 
     def routine_lock(self, engine: Engine) -> RoutineLock:
         # neither advisory locks nor GET_LOCK: until a lock server is

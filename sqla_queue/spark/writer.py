@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, create_engine, select, text, union_all
+from sqlalchemy import Connection, bindparam, create_engine, select, union_all
 from sqlalchemy.pool import NullPool
 
 from ..adapters import Adapter, adapter_for
@@ -192,34 +192,28 @@ class _BucketLocks:
 
     def __init__(self, conn: Connection, adapter: Adapter, table: str) -> None:
         self.conn = conn
-        self.family = adapter.family
+        self.adapter = adapter
         self.namespace = lock_namespace(table, "spark-dedupe")
         self.held: list[str] = []
 
     def take(self, buckets: Iterable[int]) -> None:
         for bucket in sorted(set(buckets)):
-            if self.family == "postgresql":
-                self.conn.execute(
-                    text("SELECT pg_advisory_xact_lock(:ns, :bucket)"),
-                    {"ns": self.namespace, "bucket": bucket},
+            try:
+                name = self.adapter.bucket_lock(
+                    self.conn,
+                    namespace=self.namespace,
+                    bucket=bucket,
+                    wait_seconds=LOCK_WAIT_SECONDS,
                 )
-            elif self.family == "mysql":
-                name = f"sqlaq:{self.namespace & 0xFFFFFFFF:08x}:dedupe:{bucket}"
-                got = self.conn.execute(
-                    text("SELECT GET_LOCK(:name, :wait)"),
-                    {"name": name, "wait": LOCK_WAIT_SECONDS},
-                ).scalar()
-                if got != 1:
-                    raise SqlaQueueError(
-                        f"{ERROR_MARK}dedupe lock {name} not obtained in {LOCK_WAIT_SECONDS} s"
-                    )
+            except SqlaQueueError as exc:
+                raise SqlaQueueError(f"{ERROR_MARK}{exc}") from None
+            if name is not None:
                 self.held.append(name)
-            # sqlite: the transaction holds the database's write lock already
 
     def release(self) -> None:
-        """GET_LOCK outlives the transaction: free it once committed."""
+        """The locks that outlive the transaction: free them once committed."""
         for name in self.held:
-            self.conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+            self.adapter.bucket_unlock(self.conn, name)
         self.held.clear()
         if self.conn.in_transaction():
             self.conn.commit()
@@ -568,9 +562,7 @@ def write_partition(spec: WriteSpec, batches: Iterable[Any]) -> Iterator[Any]:
     try:
         adapter = adapter_for(engine.dialect, table, spec.channel)
         adapter.prepare_engine(engine)
-        conn = engine.connect()
-        if adapter.family == "mysql":
-            conn = conn.execution_options(isolation_level="READ COMMITTED")
+        conn = adapter.connect_bulk(engine)
         try:
             _write(conn, adapter, spec, batches, counts)
         finally:

@@ -44,7 +44,6 @@ from ..settings import Settings, make_engine
 from ..stages.webhook import WebhookStage, webhook_subscribers_of
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter
-from ..types import dialect_family
 from . import providers
 from .contract import Worker
 
@@ -110,7 +109,6 @@ class QueueApp:
         worker._lease_seconds = self.lease.seconds
         worker._time_limit_seconds = effective["time_limit"]
         table = model.__table__
-        providers.check_dialect(dialect_family(self.engine.dialect), self.settings)
         claim_filter = claim_filter_of(cls)
         if effective["item_delay"]:
             claim_filter = dataclasses.replace(
@@ -128,6 +126,7 @@ class QueueApp:
             and (self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks),
             in_caller_transaction=in_transaction,
         )
+        providers.check_adapter(self.adapter, self.settings)
         if not in_transaction:
             self.adapter.prepare_engine(self.engine)
         self.worker_id = new_worker_id()

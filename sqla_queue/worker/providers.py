@@ -32,18 +32,14 @@ from ..settings import Settings
 if TYPE_CHECKING:
     from ..server.client import ServerRoutineLock
 
-__all__ = ["check_dialect", "server_routine_lock", "task_locks", "wakeups"]
+__all__ = ["check_adapter", "server_routine_lock", "task_locks", "wakeups"]
 
 
-def check_dialect(family: str, settings: Settings) -> None:
-    """SingleStore has no lock that dies with a connection and no NOTIFY:
-    its workers need the queue server."""
-    if family == "singlestore" and not settings.server.enabled:
-        raise ConfigurationError(
-            "SingleStore needs the queue server: start `sqla-queue server` and set "
-            "CLIENT_SERVER_MODE=true, SERVER_HOST and SQLA_QUEUE_SERVER_SECRET "
-            "(docs/singlestore.md)"
-        )
+def check_adapter(adapter: Adapter, settings: Settings) -> None:
+    """A database without a lock that dies with a connection and without
+    NOTIFY (SingleStore) needs the queue server: refuse to start without."""
+    if adapter.needs_queue_server and not settings.server.enabled:
+        raise ConfigurationError(adapter.needs_queue_server)
 
 
 def task_locks(requested: bool, settings: Settings) -> bool:
