@@ -35,7 +35,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from .adapters import Adapter
+from .adapters import Adapter, ErrorKind
 from .hooks import (
     BATCH_COMMITTED,
     TASK_DEAD,
@@ -283,7 +283,9 @@ class TaskManager:
     def _retryable(self, exc: DBAPIError) -> bool:
         """A failure that is nobody's task's fault: the connection is gone,
         or the database asks for the transaction to be tried again."""
-        return bool(exc.connection_invalidated) or self.adapter.is_transient(exc)
+        return bool(exc.connection_invalidated) or (
+            self.adapter.classify(exc) is ErrorKind.TRANSIENT
+        )
 
     def _run_together(
         self,

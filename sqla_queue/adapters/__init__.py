@@ -9,9 +9,9 @@ from sqlalchemy.engine import Dialect
 
 from ..exceptions import ConfigurationError, UnsupportedOperationError
 from ..types import dialect_family
-from .base import Adapter, ClaimFilter, Listener
+from .base import Adapter, ClaimFilter, ErrorKind, Listener
 
-__all__ = ["Adapter", "ClaimFilter", "Listener", "adapter_for"]
+__all__ = ["Adapter", "ClaimFilter", "ErrorKind", "Listener", "adapter_for"]
 
 # imported on first use: a worker loads only its own database's adapter
 _ADAPTERS = {

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
@@ -62,6 +63,20 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 #: ids per IN list on the databases that take them one parameter each
 IN_LIST_MAX = 100
+
+
+class ErrorKind(enum.Enum):
+    """What a database error means for the worker (``Adapter.classify``)."""
+
+    #: the database asks for the transaction to be tried again (a deadlock,
+    #: a lock timeout, a serialisation failure, SQLite's busy write lock)
+    TRANSIENT = "transient"
+    #: waiting cannot help: a refused login, a missing database or table
+    PERMANENT = "permanent"
+    #: the connection is gone or was refused: reconnect and carry on
+    DISCONNECT = "disconnect"
+    #: anything else (a statement's own error)
+    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -536,6 +551,19 @@ class Adapter:
     ) -> None:
         """COPY rows the caller wrote in COPY's text format (PostgreSQL)."""
         raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")
+
+    def classify(self, exc: BaseException) -> ErrorKind:
+        """The one reading of a driver error, at the boundary: what the
+        worker does about it (see ErrorKind)."""
+        if self.is_transient(exc):
+            return ErrorKind.TRANSIENT
+        if self.is_permanent(exc):
+            return ErrorKind.PERMANENT
+        if isinstance(exc, DBAPIError) and (
+            exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+        ):
+            return ErrorKind.DISCONNECT
+        return ErrorKind.OTHER
 
     def is_transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a conflict that succeeds when retried

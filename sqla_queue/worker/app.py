@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
-from ..adapters import Adapter, ClaimFilter, adapter_for
+from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
@@ -299,16 +299,13 @@ class QueueApp:
                     missing = self.adapter.missing_columns(conn) if exists else []
                 break
             except DBAPIError as exc:
-                if self.adapter.is_transient(exc):
+                kind = self.adapter.classify(exc)
+                if kind is ErrorKind.TRANSIENT:
                     # SQLite's write lock held past the busy timeout by busy
                     # neighbours: a lane would wait again too, never give up
                     logger.warning("table check: %s; retrying", _describe(exc))
                     continue
-                if (
-                    not wait_for_database
-                    or self.adapter.is_permanent(exc)
-                    or not _is_disconnect(exc)
-                ):
+                if not wait_for_database or kind is not ErrorKind.DISCONNECT:
                     raise self.database_error(exc) from exc
                 logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
                 return
@@ -361,11 +358,6 @@ def _subscriber_table(cls: type[Worker]) -> Any:
     if isinstance(model, type) and issubclass(model, SubscriberMixin):
         return getattr(model, "__table__", None)
     return None
-
-
-def _is_disconnect(exc: DBAPIError) -> bool:
-    """The connection is gone or was refused: worth reconnecting."""
-    return bool(exc.connection_invalidated) or isinstance(exc, (OperationalError, InterfaceError))
 
 
 def _describe(exc: DBAPIError) -> str:

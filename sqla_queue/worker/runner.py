@@ -54,6 +54,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session
 
+from ..adapters import ErrorKind
 from ..exceptions import ConfigurationError
 from ..hooks import LANE_RECONNECTED, LaneEvent
 from ..leases import Heartbeat
@@ -64,7 +65,7 @@ from ..redaction import describe_error
 from ..settings import Settings
 from ..timelimit import TimeLimitExceeded
 from . import providers
-from .app import QueueApp, _describe, _is_disconnect
+from .app import QueueApp, _describe
 from .contract import Worker
 
 logger = logging.getLogger("sqla_queue.worker")
@@ -250,11 +251,12 @@ class Runner:
                 described = _describe(cause) if isinstance(cause, DBAPIError) else str(cause)
                 self._reconnect(index, described)
             except DBAPIError as exc:
-                if self.adapter.is_transient(exc):
+                kind = self.adapter.classify(exc)
+                if kind is ErrorKind.TRANSIENT:
                     # a deadlock or a lock timeout: the batch was handed back
                     logger.warning("lane %d: %s; retrying", index, _describe(exc))
                     continue
-                if self.burst or self.adapter.is_permanent(exc) or not _is_disconnect(exc):
+                if self.burst or kind is not ErrorKind.DISCONNECT:
                     # a missing table, a permission, a refused login: waiting cannot help
                     self._errors.append(exc)
                     self.stop()
