@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reference library, nsj-queue-lib 1.2.2 from PyPI, in a venv of its own
 # (default .cache/nsj-venv, git-ignored; SQLA_QUEUE_NSJ_VENV to move it). The
-# compatibility tests (tests/test_nsj_compat.py) drive it only through
+# compatibility tests (tests/integration/test_nsj_compat.py) drive it only through
 # subprocesses of that venv: it pins psycopg2-binary and pytest<8, which must
 # stay out of ours. Does nothing when the venv already holds that version.
 # When it cannot install (no network, no venv module) it says so and goes on:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages the tests need besides the database servers:
-# PgBouncer (tests/servers.py starts pgbouncer processes of its own; the Debian
+# PgBouncer (tests/support/servers.py starts pgbouncer processes of its own; the Debian
 # service is not used), the databases' command-line clients, which
-# tests/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3),
+# tests/adapters/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3),
 # and for the Spark tests a Java runtime and the JDBC drivers Spark reads the
 # queue tables with (PySpark bundles none, and Maven is not reachable: Debian's
 # jars, at the paths sqla_queue.spark looks at). Does nothing when everything

@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import install, uninstall
 from sqla_queue.settings import normalize_url
-from tests.app import App, build
+from tests.support.app import App, build
 
 # PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests;
 # the SparkSession the Spark tests share
-pytest_plugins = ["tests.servers", "tests.spark_fixtures"]
+pytest_plugins = ["tests.support.servers", "tests.support.spark_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,8 +171,8 @@ def observer(engine: Engine) -> Iterator[Engine]:
 
 @pytest.fixture
 def papp(table_name: str) -> Any:
-    """A pub/sub application (tests/pubsub_app.py) on a fresh table name."""
-    from tests.pubsub_app import build as build_pubsub
+    """A pub/sub application (tests/support/pubsub_app.py) on a fresh table name."""
+    from tests.support.pubsub_app import build as build_pubsub
 
     return build_pubsub(table_name)
 
@@ -186,8 +186,8 @@ def pengine(db_url: str, papp: Any) -> Iterator[Engine]:
 
 @pytest.fixture
 def server() -> Iterator[Any]:
-    """A real HTTP server on 127.0.0.1 (tests/test_webhooks.py says what it answers)."""
-    from tests.test_webhooks import _start
+    """A real HTTP server on 127.0.0.1 (tests/integration/test_webhooks.py says what it answers)."""
+    from tests.integration.test_webhooks import _start
 
     yield from _start()
 
@@ -195,7 +195,7 @@ def server() -> Iterator[Any]:
 @pytest.fixture
 def other_server() -> Iterator[Any]:
     """A second one: another origin."""
-    from tests.test_webhooks import _start
+    from tests.integration.test_webhooks import _start
 
     yield from _start()
 

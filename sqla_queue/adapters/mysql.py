@@ -72,7 +72,7 @@ class MySQLAdapter(Adapter):
         (``innodb_stats_method = nulls_equal``), so beside a history whose
         ``id_inicial`` and ``live_id`` are mostly NULL it judged each IN
         value to match the whole table, and scanned it (100,000 rows read
-        per purge chunk, tests/test_plans.py)."""
+        per purge chunk, tests/adapters/test_plans.py)."""
         hint = f"FORCE INDEX (`{index}`)"
         return statement.with_hint(self.table, hint, "mysql").with_hint(self.table, hint, "mariadb")
 

@@ -7,7 +7,7 @@ it does not (turned off, tuned for ordinary tables, or late), this routine
 does: when the table's dead tuples pass ``vacuum_dead_tuples``, one worker
 of the fleet (under the routine lock) runs ``VACUUM (ANALYZE, SKIP_LOCKED)``
 on the queue table. The queue's speed does not depend on it (its plans read
-indexes whatever the statistics: tests/test_plans.py); the table's size does.
+indexes whatever the statistics: tests/adapters/test_plans.py); the table's size does.
 
 A vacuum cannot remove what a running transaction may still see. When a
 transaction older than ``HORIZON_BLOCK_SECONDS`` (or a replication slot, or

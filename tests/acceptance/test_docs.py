@@ -1,0 +1,96 @@
+"""The documentation's code, as a new user copies it.
+
+Every ``from sqla_queue... import ...`` line that README.md and docs/*.md
+show must import: a page that names a class the package does not export
+sends its reader to an ImportError.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, make_url, text
+
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_IMPORT = re.compile(r"^\s*(from sqla_queue[\w.]* import [\w, ]+|import sqla_queue[\w.]*)\s*$")
+
+
+def _imports() -> list[tuple[str, str]]:
+    return [
+        (f"{page.relative_to(ROOT)}:{number}", match.group(1).strip())
+        for page in PAGES
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if (match := _IMPORT.match(line))
+    ]
+
+
+@pytest.mark.parametrize(("where", "statement"), _imports(), ids=lambda value: str(value))
+def test_every_import_the_docs_show_works(where: str, statement: str) -> None:
+    exec(statement, {})
+
+
+def test_the_settings_of_worker_run_import_from_the_package() -> None:
+    """docs/client-server.md: Worker().run(settings=Settings.from_env())."""
+    import sqla_queue.settings
+    from sqla_queue import Settings
+
+    assert Settings is sqla_queue.settings.Settings
+
+
+def _code_block(page: str, heading: str) -> str:
+    """The first ```python block after ``heading`` in docs/``page``."""
+    text = (ROOT / "docs" / page).read_text()
+    section = text.split(heading, 1)[1]
+    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert found is not None, f"docs/{page} lost its example under {heading!r}"
+    return found.group(1)
+
+
+def test_the_tenants_example_runs_as_written_on_a_server_of_its_own(
+    private_postgres: Any, tmp_path: Path
+) -> None:
+    """docs/tenants.md's example, on a PostgreSQL server on another port than
+    5432 with none of its databases: it makes them and bills both tenants."""
+    script = tmp_path / "tenants_example.py"
+    script.write_text(_code_block("tenants.md", "## A runnable example"))
+    server = f"postgresql+psycopg://postgres@127.0.0.1:{private_postgres.port}"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env={**os.environ, "SERVER_URL": server},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for tenant, customer in ((47, "ACME"), (48, "Globex")):
+        engine = create_engine(f"{server}/erp_{tenant}")
+        with engine.connect() as conn:
+            customers = conn.execute(text("SELECT customer FROM invoice")).scalars().all()
+        engine.dispose()
+        assert customers == [customer]
+
+
+def test_the_pubsub_example_runs_with_a_url_that_names_no_driver(tmp_path: Path) -> None:
+    """docs/pubsub.md: SQLA_QUEUE_URL=mysql://... python examples/pubsub.py."""
+    from tests.support.migration_helpers import private_database
+
+    with private_database("mysql", tmp_path) as url:
+        plain = make_url(url).set(drivername="mysql").render_as_string(hide_password=False)
+        done = subprocess.run(
+            [sys.executable, "examples/pubsub.py"],
+            cwd=ROOT,
+            env={**os.environ, "SQLA_QUEUE_URL": plain},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "indexed order 42" in done.stdout

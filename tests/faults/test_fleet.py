@@ -1,0 +1,80 @@
+"""The acceptance run: a long-running fleet through a database restart.
+
+Four worker processes (the real CLI, two lanes each) consume a queue on a
+PostgreSQL cluster of the test's own while tasks keep arriving, the
+database is restarted, and their connections are terminated again and
+again. Every task must run its effect exactly once (0 lost, 0 twice) and no
+worker may exit.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from tests.support.app import build
+from tests.conftest import wait_until
+from tests.support.servers import PrivatePostgres
+from tests.acceptance.test_concurrency import (
+    effects,
+    insert_tasks,
+    spawned,
+    statuses,
+    stop_gracefully,
+    worker_env,
+)
+
+RECORDING = "tests.support.app:RecordingWorker"
+OPEN = {"agendada", "pendente", "processando"}
+
+
+def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
+    private_postgres: PrivatePostgres, table_name: str
+) -> None:
+    app = build(table_name)
+    engine = private_postgres.engine(pool_pre_ping=True)
+    app.Base.metadata.create_all(engine)
+    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE="3")
+    ids: list[int] = []
+
+    def enqueue(count: int) -> None:
+        ids.extend(insert_tasks(engine, app, count))
+
+    with spawned(
+        "worker",
+        RECORDING,
+        "--url",
+        private_postgres.url,
+        "--concurrency",
+        "2",
+        "--log-level",
+        "WARNING",
+        env=env,
+        count=4,
+    ) as workers:
+        enqueue(500)
+        wait_until(lambda: "sucesso" in statuses(engine, app).values(), message="a first task")
+        for round_ in range(3):
+            enqueue(500)
+            private_postgres.terminate_backends()
+            enqueue(200)
+            if round_ == 1:
+                private_postgres.restart("fast")
+                engine.dispose()  # the test's own pool died with the server too
+                enqueue(300)
+        wait_until(
+            lambda: not OPEN & set(statuses(engine, app).values()),
+            timeout=90,
+            message="every task to finish",
+        )
+        stop_gracefully(workers)
+
+    with Session(engine) as session:
+        rows = session.query(app.Task.id, app.Task.initial_id, app.Task.status).all()
+    finished = {task_id for task_id, _, status in rows if status == "sucesso"}
+    chains = sorted(
+        initial_id or task_id for task_id, initial_id, status in rows if status == "sucesso"
+    )
+    done = effects(engine, app)
+    assert chains == sorted(ids)  # each chain finished once: 0 lost, none twice
+    assert sorted(task_id for task_id, _, _ in done) == sorted(finished)  # one effect each
+    engine.dispose()
