@@ -38,7 +38,7 @@ from ..ranges import LEASE_SECONDS
 from ..records import TaskRecord
 from ..redaction import redact
 from ..resolution import Effective, resolve
-from ..retry import ExponentialBackoff, RetryPolicy
+from ..retry import ExponentialBackoff, LinearBackoff, RetryPolicy
 from ..routing import claim_filter_of
 from ..settings import Settings, make_engine
 from ..stages.webhook import WebhookStage, webhook_subscribers_of
@@ -96,15 +96,8 @@ class QueueApp:
             self.configuration_rows = self._read_configuration(model)
         self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)
         effective = self.effective
-        # the table's values for what Settings holds, for the code that reads it
-        self.settings = dataclasses.replace(
-            self.settings,
-            max_retry=effective["max_retry"],
-            base_interval_retry_minutes=effective["retry_interval_minutes"],
-            listen_fallback_seconds=effective["wait_notify_interval"],
-            poll_interval_seconds=effective["poll_interval"],
-            task_locks=effective["task_locks"],
-        )
+        # from here on, every resolved value is read from effective: settings
+        # carries what the catalogue does not resolve (URL, tenants, server)
         self.lease = LeasePolicy(effective["lease_seconds"])
         worker._lease_seconds = self.lease.seconds
         worker._time_limit_seconds = effective["time_limit"]
@@ -195,7 +188,10 @@ class QueueApp:
     def _retry_policy(self) -> RetryPolicy:
         effective = self.effective
         if effective["backoff"] == "linear":
-            return self.worker.backoff(self.settings)
+            return LinearBackoff(
+                max_attempts=int(effective["max_retry"]),
+                base_interval_minutes=effective["retry_interval_minutes"],
+            )
         try:
             return ExponentialBackoff(
                 max_attempts=effective["max_retry"],

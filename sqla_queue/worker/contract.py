@@ -17,7 +17,6 @@ from ..records import TaskRecord
 
 if TYPE_CHECKING:
     from ..mixins import QueueMixin
-    from ..retry import RetryPolicy
     from ..settings import Settings
 
 __all__ = ["Worker"]
@@ -60,5 +59,3 @@ class Worker(Protocol):
     def open_tenants(self, settings: Settings, concurrency: int = 1) -> Any: ...
 
     def close_tenants(self) -> None: ...
-
-    def backoff(self, settings: Settings) -> RetryPolicy: ...

@@ -317,8 +317,8 @@ class Runner:
         # the wake event (and, on PostgreSQL, NOTIFYs the other workers)
         listening = getattr(self.listener, "listening", None)
         if listening is not None and listening.is_set():
-            return self.settings.listen_fallback_seconds
-        return self.settings.poll_interval_seconds
+            return float(self.effective["wait_notify_interval"])
+        return float(self.effective["poll_interval"])
 
 
 @contextlib.contextmanager
