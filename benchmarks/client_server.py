@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 
-from sqla_queue import QueueClient, QueueMixin
+from sqla_queue import QueueClient, QueueMixin, normalize_url
 from sqla_queue.adapters import adapter_for
 from sqla_queue.server import ServerConnection, ServerRoutineLock, ServerWakeups
-from sqla_queue.settings import ServerSettings, normalize_url
+from sqla_queue.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "benchmark-secret-0123456789"

@@ -41,9 +41,8 @@ from sqlalchemy import BigInteger, Connection, String, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import sqla_queue
-from sqla_queue import QueueClient, QueueMixin
+from sqla_queue import QueueClient, QueueMixin, normalize_url
 from sqla_queue.adapters.postgresql import PostgresAdapter
-from sqla_queue.settings import normalize_url
 
 
 class Base(DeclarativeBase):

@@ -28,8 +28,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import DeclarativeBase
 
-from sqla_queue import QueueMixin, WorkerBase
-from sqla_queue.settings import normalize_url
+from sqla_queue import QueueMixin, WorkerBase, normalize_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

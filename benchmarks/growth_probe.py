@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import growth
-from sqla_queue.settings import normalize_url
+from sqla_queue import normalize_url
 
 
 def main() -> int:

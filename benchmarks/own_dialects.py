@@ -64,7 +64,7 @@ import sqla_queue_adapter as orm  # noqa: E402
 import sqla_queue_client_adapter as client  # noqa: E402
 from sqlalchemy import create_engine, text  # noqa: E402
 
-from sqla_queue.settings import normalize_url  # noqa: E402
+from sqla_queue import normalize_url  # noqa: E402
 
 PROCESSING_SETTINGS = [orm.WORKER_SETTINGS[0], orm.WORKER_SETTINGS[-1]]  # 1 proc, 4 procs
 LATENCY_SETTING = orm.WORKER_SETTINGS[orm.LATENCY_SETTING]

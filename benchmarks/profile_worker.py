@@ -23,7 +23,7 @@ import time
 from growth import TABLE, Base, Noop  # type: ignore[import-not-found]
 from sqlalchemy import create_engine, text
 
-from sqla_queue.settings import normalize_url
+from sqla_queue import normalize_url
 
 # the first matching rule names a sample's category (checked from the leaf up)
 CATEGORIES = [

@@ -35,10 +35,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks import growth
 from benchmarks.growth import Base, Task
 from benchmarks.render_docs import purge_table
+from sqla_queue import normalize_url
 from sqla_queue.adapters import adapter_for
 from sqla_queue.maintenance import PurgeConfig, PurgeRoutine
 from sqla_queue.maintenance.timing import Every
-from sqla_queue.settings import normalize_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

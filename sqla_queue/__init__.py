@@ -22,10 +22,10 @@ from .exceptions import (
     UnpreparedTaskError,
     UnsupportedOperationError,
 )
-from .mixins import QueueMixin, Status
+from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
-from .settings import Settings
+from .settings import Settings, normalize_url
 from .subscribers import SubscriberMixin, SubscriptionRecord
 from .worker import (
     QueueApp,
@@ -41,6 +41,7 @@ from .worker import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "ConfigurationError",
     "FanOutError",
     "InvalidIdentifierError",
@@ -67,6 +68,7 @@ __all__ = [
     "WorkerWebhook",
     "dead_subscriber",
     "install",
+    "normalize_url",
     "subscriber",
     "uninstall",
 ]

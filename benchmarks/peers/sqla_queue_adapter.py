@@ -33,9 +33,15 @@ from sqlalchemy import Connection, Engine, create_engine, delete, func, select, 
 from sqlalchemy.orm import DeclarativeBase, Session
 
 import sqla_queue
-from sqla_queue import QueueClient, QueueMixin, Status, TaskRecord, WorkerBase
-from sqla_queue.mixins import DEFAULT_PRIORITY
-from sqla_queue.settings import normalize_url
+from sqla_queue import (
+    DEFAULT_PRIORITY,
+    QueueClient,
+    QueueMixin,
+    Status,
+    TaskRecord,
+    WorkerBase,
+    normalize_url,
+)
 
 PEER = "sqla_queue"
 TABLE = os.environ.get("BENCH_SQLA_QUEUE_TABLE", "bench_fila")
