@@ -27,9 +27,9 @@ from sqla_queue import (
     SubscriptionRecord,
     TaskRecord,
     WorkerPubSubBase,
+    normalize_url,
     subscriber,
 )
-from sqla_queue.settings import normalize_url
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATABASE = os.environ.get("SQLA_QUEUE_URL", f"sqlite:///{ROOT / 'pubsub.db'}")
