@@ -29,9 +29,11 @@ connections: it reconnects and carries on. Only errors that waiting cannot
 fix (authentication, a missing database or table) stop the worker, with one
 line that says which.
 
-Settings come from the worker class, the environment, the optional
+The parts the runner drives (engine, adapter, manager, stages, routines)
+are built by :class:`~sqla_queue.worker.app.QueueApp`, the composition root;
+their settings come from the worker class, the environment, the optional
 ``queue_configuration`` table and the defaults, in that order
-(``catalog.py``), resolved once when the runner is made.
+(``resolution.py``), resolved once when it is made.
 """
 
 from __future__ import annotations
