@@ -283,14 +283,13 @@ def read_rows(
     c = table.c
     fields = (c.setting_name, c.value, c.unit, c.casted_as, c.note)
     if "queue_name" not in columns:
-        return {
-            str(name): TableRow(str(name), value, unit, casted_as, note)
-            for name, value, unit, casted_as, note in conn.execute(select(*fields))
-        }
-    scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
-    query = select(*fields, c.queue_name).where(c.queue_name.in_(scopes))
-    # the queue's own rows last: they win over the schema-wide ones
-    rows = sorted(conn.execute(query), key=lambda row: row.queue_name != SCHEMA_WIDE)
+        # a table without the column: every row, scope None
+        rows = [(*row, None) for row in conn.execute(select(*fields))]
+    else:
+        scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
+        query = select(*fields, c.queue_name).where(c.queue_name.in_(scopes))
+        # the queue's own rows last: they win over the schema-wide ones
+        rows = sorted(conn.execute(query), key=lambda row: row[5] != SCHEMA_WIDE)
     return {
         str(name): TableRow(str(name), value, unit, casted_as, note, scope)
         for name, value, unit, casted_as, note, scope in rows
