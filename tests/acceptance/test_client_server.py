@@ -19,9 +19,6 @@ import pytest
 from sqlalchemy import Engine
 
 from sqla_queue.server import ServerRefused, ServerWakeups
-from tests.support.app import App
-from tests.conftest import run_cli, wait_until
-from tests.support.queue_server import ServerProcess, running_server
 from tests.acceptance.test_concurrency import (
     RESCUED,
     effects,
@@ -33,6 +30,9 @@ from tests.acceptance.test_concurrency import (
     tasks,
     worker_env,
 )
+from tests.conftest import run_cli, wait_until
+from tests.support.app import App
+from tests.support.queue_server import ServerProcess, running_server
 
 BOTH = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
 MARIADB = pytest.mark.parametrize("db_url", ["mysql"], indirect=True)

@@ -24,8 +24,8 @@ from sqla_queue import QueueClient
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
 from sqla_queue.types import utcnow
-from tests.support.app import App
 from tests.conftest import lock_waits, run_cli, spawn_cli, wait_until
+from tests.support.app import App
 
 RECORDING = "tests.support.app:RecordingWorker"
 BLOCKING = "tests.support.app:BlockingWorker"

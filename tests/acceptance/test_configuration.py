@@ -15,8 +15,8 @@ import pytest
 
 from sqla_queue import ConfigurationError, WorkerBase
 from sqla_queue.settings import Settings
-from tests.support import bad_workers
 from tests.conftest import run_cli
+from tests.support import bad_workers
 
 RANGE_MAX_RETRY = "must be a whole number from 1 to 1000000"
 RANGE_INTERVAL = "must be a number of minutes from 0 to 1440"

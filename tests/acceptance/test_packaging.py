@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError
 from sqla_queue.settings import driver_error, normalize_url
-from tests.support.app import App
 from tests.conftest import ROOT, run_cli
+from tests.support.app import App
 
 # Runs the real CLI after installing an import hook that refuses the
 # distributions named in argv[1] (comma-separated) as if they were absent.
@@ -150,7 +150,11 @@ def test_a_missing_singlestore_dialect_names_the_extra() -> None:
 def test_worker_command_names_the_extra_for_a_driver_not_installed() -> None:
     _absent("pg8000")
     proc = run_cli(
-        "worker", "tests.support.bad_workers:Good", "--url", "postgresql+pg8000://u@db/erp", check=False
+        "worker",
+        "tests.support.bad_workers:Good",
+        "--url",
+        "postgresql+pg8000://u@db/erp",
+        check=False,
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [

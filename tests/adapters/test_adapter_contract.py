@@ -28,8 +28,8 @@ from sqla_queue.client import _task_row
 from sqla_queue.mixins import channel_of
 from sqla_queue.settings import normalize_url
 from sqla_queue.types import utcnow
-from tests.support.app import App, build
 from tests.conftest import server_url
+from tests.support.app import App, build
 from tests.support.servers import PgBouncer
 
 DATABASES = ["sqlite", "postgresql", "pgbouncer", "mysql", "singlestore"]

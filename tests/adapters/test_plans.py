@@ -35,8 +35,8 @@ from sqla_queue.maintenance import ROUTINES
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
-from tests.support.app import App, build
 from tests.conftest import server_url
+from tests.support.app import App, build
 
 # the monitoring queries of docs/lifecycle.md and docs/columns.md, as a
 # user or `status` would run them ({t}: the table)

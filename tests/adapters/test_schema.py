@@ -28,8 +28,8 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
 from sqla_queue import ConfigurationError, InvalidIdentifierError, QueueClient, QueueMixin
-from tests.support.app import App
 from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS, created_engine, server_url
+from tests.support.app import App
 
 # nsj-reference.md §1, as PostgreSQL reports the reference DDL
 REFERENCE_PG_TYPES = {

@@ -42,9 +42,9 @@ from sqla_queue.settings import (
     normalize_url,
 )
 from sqla_queue.worker import Runner
+from tests.conftest import run_cli, server_url, spawn_cli, wait_until
 from tests.support import pubsub_app
 from tests.support.app import App, build
-from tests.conftest import run_cli, server_url, spawn_cli, wait_until
 from tests.support.queue_server import SECRET, running_server
 
 SINGLESTORE_URL = os.environ.get("SQLA_QUEUE_TEST_SINGLESTORE_URL")
@@ -288,7 +288,9 @@ def test_failed_attempts_roll_back_through_the_singlestoredb_driver(
 def test_singlestore_worker_without_the_server_refuses_to_start(mariadb_app: App) -> None:
     url = _singlestore_driver_url()
     env = {"SQLA_QUEUE_TEST_TABLE": mariadb_app.Task.__table__.name, "CLIENT_SERVER_MODE": ""}
-    proc = run_cli("worker", "tests.support.app:RecordingWorker", "--url", url, env=env, check=False)
+    proc = run_cli(
+        "worker", "tests.support.app:RecordingWorker", "--url", url, env=env, check=False
+    )
     assert proc.returncode == 1
     assert "Error: SingleStore needs the queue server" in proc.stderr
     assert "Traceback" not in proc.stderr

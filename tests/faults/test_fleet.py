@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from tests.support.app import build
-from tests.conftest import wait_until
-from tests.support.servers import PrivatePostgres
 from tests.acceptance.test_concurrency import (
     effects,
     insert_tasks,
@@ -22,6 +19,9 @@ from tests.acceptance.test_concurrency import (
     stop_gracefully,
     worker_env,
 )
+from tests.conftest import wait_until
+from tests.support.app import build
+from tests.support.servers import PrivatePostgres
 
 RECORDING = "tests.support.app:RecordingWorker"
 OPEN = {"agendada", "pendente", "processando"}

@@ -13,8 +13,6 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, create_engine, make_url
 
-from tests.support.app import App, build
-from tests.conftest import run_cli, wait_until
 from tests.acceptance.test_concurrency import (
     effects,
     insert_tasks,
@@ -23,7 +21,9 @@ from tests.acceptance.test_concurrency import (
     stop_gracefully,
     worker_env,
 )
+from tests.conftest import run_cli, wait_until
 from tests.integration.test_worker import tasks
+from tests.support.app import App, build
 
 KILLER = "tests.support.app:KillerWorker"
 RECORDING = "tests.support.app:RecordingWorker"

@@ -40,8 +40,8 @@ from sqlalchemy import create_engine
 from sqla_queue.server import ServerRoutineLock, ServerWakeups, notify_queue
 from sqla_queue.server.admission import PER_ADDRESS, TOTAL, Admission, RefusalLog, address_key
 from sqla_queue.server.protocol import HEADER, MAX_BODY_BYTES, body_length, decode_body
-from tests.support.app import build
 from tests.conftest import fuzz_examples, wait_until
+from tests.support.app import build
 from tests.support.queue_server import (
     SECRET,
     ServerProcess,

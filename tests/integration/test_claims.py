@@ -35,10 +35,10 @@ from sqla_queue.leases import Heartbeat
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
-from tests.support.app import App, build
 from tests.conftest import wait_until
-from tests.support.servers import PrivatePostgres
 from tests.integration.test_worker import EXHAUSTED_SUFFIX, RESCUED, drain, effects, enqueue, tasks
+from tests.support.app import App, build
+from tests.support.servers import PrivatePostgres
 
 RESCUED_LAST = (
     "Falha desconhecida de processamento (processamento abortado repentinamente)" + EXHAUSTED_SUFFIX

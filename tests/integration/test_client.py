@@ -30,8 +30,8 @@ from sqla_queue import (
     UnsupportedOperationError,
 )
 from sqla_queue.adapters.postgresql import PostgresAdapter
-from tests.support.app import App
 from tests.conftest import server_url
+from tests.support.app import App
 
 UTC = dt.timezone.utc
 PAST = dt.datetime(2021, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)

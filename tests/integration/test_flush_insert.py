@@ -13,8 +13,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import QueueMixin, flush_insert
 from sqla_queue.exceptions import ConfigurationError
-from tests.support.app import App
 from tests.conftest import created_engine
+from tests.support.app import App
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from sqla_queue.hooks import Hooks
 from sqla_queue.maintenance import ManualClock
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
-from tests.support.app import App
 from tests.conftest import wait_until
+from tests.support.app import App
 
 
 def enqueue(engine: Engine, app: App, *payloads: Any) -> list[int]:

@@ -28,11 +28,11 @@ from sqla_queue.maintenance.timing import Cron, Every, Minutes, parse_schedule
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
-from tests.support.app import App, build
-from tests.conftest import run_cli, wait_until
-from tests.support.servers import PrivateMariaDB
 from tests.acceptance.test_concurrency import insert_tasks, spawned, statuses, worker_env
+from tests.conftest import run_cli, wait_until
 from tests.integration.test_worker import drain, effects, enqueue, tasks
+from tests.support.app import App, build
+from tests.support.servers import PrivateMariaDB
 
 UTC = dt.timezone.utc
 
@@ -232,7 +232,9 @@ def test_sigkilled_worker_task_is_rescued_and_completed_by_another_once(
         wait_until(lambda: (tmp_path / f"started-{task_id}").exists(), message="A to start it")
         if sqlite:
             a.proc.send_signal(signal.SIGKILL)
-        with spawned("worker", "tests.support.app:RecordingWorker", "--url", db_url, env=env) as [b]:
+        with spawned("worker", "tests.support.app:RecordingWorker", "--url", db_url, env=env) as [
+            b
+        ]:
             if not sqlite:
                 # B's lane ran its start-up rescue before this (A was alive then)
                 warm_up = insert_tasks(engine, app, 1, process="warm-up")

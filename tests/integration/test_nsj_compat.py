@@ -41,9 +41,6 @@ from sqla_queue.adapters import adapter_for
 from sqla_queue.exceptions import ConfigurationError
 from sqla_queue.settings import Settings
 from sqla_queue.worker.runner import Runner
-from tests.support import nsj_app
-from tests.support.app import build as build_app
-from tests.conftest import ROOT, run_cli, server_url, wait_until
 from tests.acceptance.test_concurrency import (
     insert_tasks,
     spawned,
@@ -51,6 +48,9 @@ from tests.acceptance.test_concurrency import (
     task_lock_is_free,
     worker_env,
 )
+from tests.conftest import ROOT, run_cli, server_url, wait_until
+from tests.support import nsj_app
+from tests.support.app import build as build_app
 
 pytestmark = pytest.mark.postgresql
 
@@ -709,7 +709,14 @@ def test_a_mixed_fleet_of_two_reference_and_two_sqla_queue_workers_runs_each_tas
     for _ in range(2):
         reference.spawn("work", "plain")
     env = worker_env(table_name, SQLA_QUEUE_NSJ_LOCKS="true")
-    args = ("worker", "tests.support.app:RecordingWorker", "--url", pg_url, "--log-level", "WARNING")
+    args = (
+        "worker",
+        "tests.support.app:RecordingWorker",
+        "--url",
+        pg_url,
+        "--log-level",
+        "WARNING",
+    )
     with spawned(*args, env=env, count=2) as workers:
         wait_until(lambda: listening(engine, appname, 2), message="the reference's LISTENs")
         # both clients at once, in four transactions each, while all four workers run

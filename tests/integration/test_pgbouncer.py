@@ -14,10 +14,6 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine
 
-from tests.support.app import App
-from tests.conftest import wait_until
-from tests.support.servers import PgBouncer
-from tests.integration.test_claims import rescue, runner
 from tests.acceptance.test_concurrency import (
     effects,
     insert_tasks,
@@ -26,7 +22,11 @@ from tests.acceptance.test_concurrency import (
     stop_gracefully,
     worker_env,
 )
+from tests.conftest import wait_until
+from tests.integration.test_claims import rescue, runner
 from tests.integration.test_worker import enqueue, tasks
+from tests.support.app import App
+from tests.support.servers import PgBouncer
 
 RECORDING = "tests.support.app:RecordingWorker"
 postgresql = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)

@@ -34,10 +34,10 @@ from sqla_queue.fanout import CHUNK_ROWS, NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESS
 from sqla_queue.payload import hash_payload
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
-from tests.conftest import wait_until
-from tests.support.pubsub_app import PubSubApp, build
 from tests.acceptance.test_concurrency import spawned
+from tests.conftest import wait_until
 from tests.integration.test_worker import drain
+from tests.support.pubsub_app import PubSubApp, build
 
 SECRET = "s3cr3t-never-copied"
 
@@ -239,7 +239,9 @@ def test_sigkill_during_fan_out_leaves_no_partial_fan_out(
         "SQLA_QUEUE_TEST_FANOUT_PAUSE": str(tmp_path),
         "SQLA_QUEUE_TEST_LEASE": "1",
     }
-    with spawned("worker", "tests.support.pubsub_app:PubSubWorker", "--url", db_url, env=env) as procs:
+    with spawned(
+        "worker", "tests.support.pubsub_app:PubSubWorker", "--url", db_url, env=env
+    ) as procs:
         wait_until(
             lambda: (tmp_path / "in-fanout").exists() or procs[0].proc.poll() is not None,
             message="the worker to reach its third chunk",

@@ -20,10 +20,10 @@ from sqla_queue import QueueClient
 from sqla_queue.retry import ExponentialBackoff
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
-from tests.support.app import App
-from tests.conftest import run_cli, wait_until
 from tests.acceptance.test_concurrency import spawned, stop_gracefully, worker_env
+from tests.conftest import run_cli, wait_until
 from tests.integration.test_worker import drain, effects, enqueue, tasks
+from tests.support.app import App
 
 UTC = dt.timezone.utc
 
@@ -316,7 +316,9 @@ def test_a_long_sqlite_statement_past_the_time_limit_is_interrupted_and_its_fail
     stuck 'processando'."""
     [task_id] = enqueue(engine, app, {"write": write})
     env = worker_env(table_name)
-    with spawned("worker", "tests.support.app:LongStatementWorker", "--url", db_url, env=env) as [worker]:
+    with spawned("worker", "tests.support.app:LongStatementWorker", "--url", db_url, env=env) as [
+        worker
+    ]:
 
         def waited(predicate: Any, what: str) -> None:
             try:

@@ -36,8 +36,8 @@ from sqla_queue.server import (
 )
 from sqla_queue.server.protocol import MAX_BODY_BYTES, encode, mac
 from sqla_queue.settings import ServerSettings
-from tests.support.app import App, build
 from tests.conftest import run_cli, server_url, spawn_cli, wait_until
+from tests.support.app import App, build
 from tests.support.queue_server import (
     SECRET,
     ServerProcess,

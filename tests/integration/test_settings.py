@@ -20,10 +20,10 @@ from sqla_queue.configuration_table import configuration_table
 from sqla_queue.resolution import resolve
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.worker import Runner
+from tests.acceptance.test_configuration import _cli_error
+from tests.conftest import ROOT, run_cli
 from tests.support import bad_workers
 from tests.support.app import App
-from tests.conftest import ROOT, run_cli
-from tests.acceptance.test_configuration import _cli_error
 
 SECONDS_LEASE = "must be a number of seconds from 0.5 to 604800"
 
@@ -276,7 +276,9 @@ def test_config_show_prints_values_and_their_sources(
 ) -> None:
     put(engine, configuration, ("lease_duration", "45", "seconds"))
     env = {"SQLA_QUEUE_TEST_TABLE": table_name, "QUEUE_PURGE_LIMIT": "250", "DB_PASS": "hunter2"}
-    out = run_cli("config", "show", "tests.support.app:FailingWorker", "--url", db_url, env=env).stdout
+    out = run_cli(
+        "config", "show", "tests.support.app:FailingWorker", "--url", db_url, env=env
+    ).stdout
     lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
     assert out.splitlines()[0] == (
         "queue_configuration: 1 row(s) applied: 0 for this queue, 1 for every queue (*)"

@@ -53,10 +53,10 @@ from sqla_queue.tenants import (
     resolver_from_settings,
 )
 from sqla_queue.worker import Runner
-from tests.support.app import App
 from tests.conftest import run_cli, server_url, wait_until
-from tests.support.pubsub_app import build as build_pubsub
 from tests.integration.test_worker import drain, enqueue, tasks
+from tests.support.app import App
+from tests.support.pubsub_app import build as build_pubsub
 
 TENANTS = (47, 48)
 
@@ -711,7 +711,13 @@ def test_the_command_refuses_a_bad_multi_database_environment(tmp_path: Path) ->
     ]
     for env, message in cases:
         proc = run_cli(
-            "worker", "tests.support.app:RecordingWorker", "--url", url, "--burst", env=env, check=False
+            "worker",
+            "tests.support.app:RecordingWorker",
+            "--url",
+            url,
+            "--burst",
+            env=env,
+            check=False,
         )
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert message in proc.stderr

@@ -15,9 +15,9 @@ from sqla_queue.maintenance.timing import Every
 from sqla_queue.mixins import STORAGE_PARAMETERS
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
-from tests.support.app import App
-from tests.conftest import wait_until
 from tests.adapters.test_plans import make_dead_tuples
+from tests.conftest import wait_until
+from tests.support.app import App
 
 
 def _routine(engine: Engine, app: App, **config: float) -> VacuumRoutine:

@@ -16,7 +16,6 @@ from standardwebhooks.webhooks import Webhook
 
 from sqla_queue import SubscriberWebhook, WorkerPubSubBase, WorkerWebhook
 from tests.conftest import created_engine, run_cli, server_url, spawn_cli, wait_until
-from tests.support.pubsub_app import PubSubApp
 from tests.integration.test_pubsub import publish, rows
 from tests.integration.test_webhooks import (
     AZURE_KEY,
@@ -27,6 +26,7 @@ from tests.integration.test_webhooks import (
     _Server,
 )
 from tests.integration.test_worker import drain
+from tests.support.pubsub_app import PubSubApp
 
 LOCAL_NETWORK = "127.0.0.1/32"
 

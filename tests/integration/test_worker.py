@@ -34,8 +34,8 @@ from sqla_queue import QueueClient, WorkerBase
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import QueueApp, Runner
-from tests.support.app import App
 from tests.conftest import lock_waits, wait_until
+from tests.support.app import App
 
 SUCCESS = "Concluído com sucesso"
 FAILURE = "ValueError: handler failed on purpose"

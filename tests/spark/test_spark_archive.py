@@ -17,9 +17,9 @@ from sqla_queue.exceptions import SparkJobError
 from sqla_queue.spark import ArchiveHook, archive_chains
 from sqla_queue.spark import archive as archive_module
 from sqla_queue.types import utcnow
+from tests.integration.test_worker import drain, enqueue
 from tests.support.app import App
 from tests.support.spark_fixtures import add_chain
-from tests.integration.test_worker import drain, enqueue
 
 UTC = dt.timezone.utc
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

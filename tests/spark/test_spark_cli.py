@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, func, select
 
 from sqla_queue.cli import main
-from tests.support.app import App
 from tests.conftest import run_cli
+from tests.support.app import App
 from tests.support.spark_fixtures import add_chain
 
 

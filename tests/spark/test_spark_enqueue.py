@@ -96,8 +96,8 @@ def _schema() -> Any:
 def pg_app(table_name: str) -> Iterator[tuple[App, Engine]]:
     """A queue table on PostgreSQL alone."""
     from sqla_queue.settings import normalize_url
-    from tests.support.app import build
     from tests.conftest import created_engine, server_url
+    from tests.support.app import build
 
     app = build(table_name)
     url = normalize_url(server_url("postgresql")).render_as_string(hide_password=False)
@@ -283,8 +283,8 @@ def test_enqueued_rows_are_all_processed_and_a_rerun_with_dedupe_adds_nothing(
     spark: Any, database: str, rows: int, table_name: str, installed: None
 ) -> None:
     from sqla_queue.settings import normalize_url
-    from tests.support.app import build
     from tests.conftest import created_engine, server_url
+    from tests.support.app import build
 
     app = build(table_name)
     url = normalize_url(server_url(database))

@@ -1,4 +1,5 @@
-"""sqla-queue's side of the nsj-queue-lib compatibility tests (tests/integration/test_nsj_compat.py).
+"""sqla-queue's side of the nsj-queue-lib compatibility tests
+(tests/integration/test_nsj_compat.py).
 
 ``build(table, schema=None, channel=None)`` maps a queue model onto a table
 that either library made, with its subscriber table and an effect table
