@@ -85,19 +85,7 @@ ROUTINE_RAN = "routine_ran"
 LANE_RECONNECTED = "lane_reconnected"
 #: the events of one task's attempt
 TASK_EVENTS = (TASK_SUCCEEDED, TASK_RETRIED, TASK_DEAD, TASK_FAILED, TASK_RESCUED, TASK_HANDED_BACK)
-EVENTS = frozenset(
-    {
-        TASK_SUCCEEDED,
-        TASK_RETRIED,
-        TASK_DEAD,
-        TASK_FAILED,
-        TASK_RESCUED,
-        TASK_HANDED_BACK,
-        BATCH_COMMITTED,
-        ROUTINE_RAN,
-        LANE_RECONNECTED,
-    }
-)
+EVENTS = frozenset({*TASK_EVENTS, BATCH_COMMITTED, ROUTINE_RAN, LANE_RECONNECTED})
 
 
 @dataclass(frozen=True)

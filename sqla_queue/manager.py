@@ -303,18 +303,17 @@ class TaskManager:
                 if index and should_stop():
                     result.handed_back = [t.id for t in tasks[index:]]
                     break
-                started = time.perf_counter()
+                started = time.perf_counter() if events is not None else 0.0
                 message = self._run_one(work_conn, task, handler)
+                event: str | None
                 if isinstance(message, _Failed):
                     result.failed += 1
-                    if events is not None and message.event is not None:
-                        seconds = time.perf_counter() - started
-                        events.append(TaskEvent(message.event, task, message.text, seconds))
+                    event, text = message.event, message.text
                 else:
                     done.append((task.id, message))
-                    if events is not None:
-                        seconds = time.perf_counter() - started
-                        events.append(TaskEvent(TASK_SUCCEEDED, task, message, seconds))
+                    event, text = TASK_SUCCEEDED, message
+                if events is not None and event is not None:
+                    events.append(TaskEvent(event, task, text, time.perf_counter() - started))
             completed = self.adapter.task_complete_many(work_conn, results=done, owner=self.owner)
             if completed != len(done):
                 logger.warning(
