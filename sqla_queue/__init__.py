@@ -19,6 +19,8 @@ from .exceptions import (
     PayloadError,
     SqlaQueueError,
     SubscriberNotRegistered,
+    TaskNotFoundError,
+    TaskStateError,
     UnpreparedTaskError,
     UnsupportedOperationError,
 )
@@ -60,7 +62,9 @@ __all__ = [
     "SubscriberNotRegistered",
     "SubscriberWebhook",
     "SubscriptionRecord",
+    "TaskNotFoundError",
     "TaskRecord",
+    "TaskStateError",
     "UnpreparedTaskError",
     "UnsupportedOperationError",
     "WorkerBase",

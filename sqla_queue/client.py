@@ -290,6 +290,42 @@ class QueueClient:
             dry_run=dry_run,
         )
 
+    # ------------------------------------------------------------- operator
+    def cancel(self, task_id: int) -> list[int]:
+        """Cancel task ``task_id`` (the id of any of its attempts): its
+        pending or scheduled attempt becomes ``falha`` "Tarefa cancelada pelo
+        operador." (docs/operations.md). Returns the attempts changed; a
+        running or finished task raises ``TaskStateError``, an unknown id
+        ``TaskNotFoundError``. In the caller's transaction."""
+        from .control import cancel_task
+
+        conn = self.connection
+        return list(cancel_task(conn, self._adapter(conn), task_id).ids)
+
+    def cancel_process(
+        self, process: str, *, older_than: dt.timedelta | None = None, limit: int = 1_000
+    ) -> list[int]:
+        """Cancel up to ``limit`` waiting tasks of ``process`` (first
+        enqueued more than ``older_than`` ago, when given); call again until
+        it returns nothing. In the caller's transaction."""
+        from .control import cancel_process
+
+        conn = self.connection
+        return list(
+            cancel_process(
+                conn, self._adapter(conn), process, older_than=older_than, limit=limit
+            ).ids
+        )
+
+    def retry_now(self, task_id: int) -> int:
+        """Run task ``task_id``'s scheduled attempt (a retry waiting out its
+        backoff, or a task scheduled for later) now. Returns that attempt's
+        id; raises ``TaskStateError`` when none is scheduled."""
+        from .control import retry_now
+
+        conn = self.connection
+        return retry_now(conn, self._adapter(conn), task_id)
+
     # ------------------------------------------------------------- queries
     def list_equivalent_task(
         self, *args: Any, status: Sequence[str] = DEFAULT_EQUIVALENT_STATUSES, **kwargs: Any

@@ -75,3 +75,12 @@ class SparkSetupError(ConfigurationError):
 
 class SparkJobError(SqlaQueueError):
     """A Spark job of sqla-queue failed."""
+
+
+class TaskNotFoundError(SqlaQueueError, LookupError):
+    """No task has this id in the queue table."""
+
+
+class TaskStateError(SqlaQueueError):
+    """The task is not in a state the operation applies to (cancel takes a
+    pending or scheduled task, retry-now a scheduled one)."""

@@ -411,6 +411,17 @@ def add_queue_schema(table: Table, channel: str, *, equivalence_index: bool = Tr
             postgresql_where=column.is_not(None),
             sqlite_where=column.is_not(None),
         )
+    # A publication's copies, for a task's timeline (sqla-queue status
+    # --task): partial, so only copies pay for it. PostgreSQL only: MariaDB
+    # and SQLite read them by a primary-key range (ids after the
+    # publication's), which PostgreSQL's planner, on a table never analysed,
+    # takes for most of the table.
+    index(
+        "publicacao",
+        c.publication_id,
+        postgresql_where=c.publication_id.is_not(None),
+        dialects=_POSTGRESQL,
+    )
     # Time-range queries only (dashboards, retention): on PostgreSQL a BRIN
     # index, a few pages that an insert rarely touches, since data_hora grows
     # with the insertion order.

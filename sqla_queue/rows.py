@@ -18,6 +18,7 @@ from .records import TaskRecord
 from .redaction import fit_message
 
 __all__ = [
+    "CANCELLED_MESSAGE",
     "ENGLISH_COLUMNS",
     "EXHAUSTED_SUFFIX",
     "NO_RETRY_SUFFIX",
@@ -47,6 +48,10 @@ RESCUED_ERROR = "Falha desconhecida de processamento (processamento abortado rep
 PUBLISHED_MESSAGE = "Publicado para os assinantes, com sucesso!"
 #: a publication with no subscriber
 NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada sem nenhuma ação."
+
+#: a waiting task an operator cancelled (``sqla-queue cancel``); its status
+#: is ``falha`` with ``estouro_tentativas`` false: finished, not dead-lettered
+CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
 
 #: the seed's columns by their English names (QueueClient and the models
 #: take both)

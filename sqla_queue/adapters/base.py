@@ -136,6 +136,25 @@ class VacuumState:
     horizon_holder: str | None = None
 
 
+@dataclass(frozen=True)
+class TableHealth:
+    """A queue table's storage as the database counts it (PostgreSQL)."""
+
+    table_bytes: int
+    index_bytes: int
+    dead_tuples: int
+    live_tuples: int
+    #: how long the transaction holding the oldest snapshot of the database
+    #: has run (seconds; None: no other transaction holds one)
+    horizon_seconds: float | None
+    #: that transaction, on one line (its pid, state, application; never its
+    #: query text); None when there is none
+    horizon_holder: str | None
+    #: replication slots and prepared transactions that hold the horizon
+    #: (they have no start time), one line each
+    horizon_others: tuple[str, ...] = ()
+
+
 class Listener:
     """Wakes idle lanes when the database says work arrived."""
 
@@ -759,6 +778,11 @@ class Adapter:
         """The table's dead tuples, and who holds a snapshot older than
         ``horizon_seconds`` (where the database says)."""
         raise UnsupportedOperationError(f"{self.family}: table_vacuum_state")
+
+    def table_health(self, conn: Connection) -> TableHealth | None:
+        """The table's sizes, dead tuples and vacuum horizon, where the
+        database counts them (None elsewhere)."""
+        return None
 
     def table_vacuum(self, conn: Connection) -> None:
         """Vacuum the table (outside any transaction)."""

@@ -53,6 +53,7 @@ from .base import (
     PROMOTE_CHUNK,
     Adapter,
     Listener,
+    TableHealth,
     VacuumState,
     driver_cursor,
     statements_unobserved,
@@ -495,6 +496,23 @@ class PostgresAdapter(Adapter):
         holder = conn.execute(_HORIZON_HOLDER, {"seconds": float(horizon_seconds)}).first()
         return VacuumState(int(dead or 0), None if holder is None else str(holder[0]))
 
+    def table_health(self, conn: Connection) -> TableHealth | None:
+        table = self._quoted()
+        sizes = conn.execute(_TABLE_HEALTH, {"table": table}).first()
+        if sizes is None:
+            return None
+        holder = conn.execute(_OLDEST_SNAPSHOT).first()
+        others = tuple(conn.execute(_OTHER_HOLDERS).scalars())
+        return TableHealth(
+            table_bytes=int(sizes.table_bytes or 0),
+            index_bytes=int(sizes.index_bytes or 0),
+            dead_tuples=int(sizes.dead_tuples or 0),
+            live_tuples=int(sizes.live_tuples or 0),
+            horizon_seconds=None if holder is None else float(holder.seconds or 0.0),
+            horizon_holder=None if holder is None else str(holder.what),
+            horizon_others=others,
+        )
+
     def table_vacuum(self, conn: Connection) -> None:
         if conn.in_transaction():
             conn.commit()
@@ -576,6 +594,30 @@ _HORIZON_HOLDER = text(
     " SELECT format('prepared transaction %L', gid), age(transaction)"
     " FROM pg_prepared_xacts WHERE prepared < clock_timestamp() - make_interval(secs => :seconds)"
     ") AS holders ORDER BY held DESC LIMIT 1"
+)
+
+
+_TABLE_HEALTH = text(
+    "SELECT pg_table_size(relid) AS table_bytes, pg_indexes_size(relid) AS index_bytes,"
+    " n_dead_tup AS dead_tuples, n_live_tup AS live_tuples"
+    " FROM pg_stat_all_tables WHERE relid = to_regclass(:table)"
+)
+# the oldest snapshot another session of this database holds, and since when
+_OLDEST_SNAPSHOT = text(
+    "SELECT format('pid %s (%s, %s, application %L)', pid, state,"
+    "  coalesce(backend_type, ''), application_name) AS what,"
+    " extract(epoch FROM clock_timestamp() - coalesce(xact_start, backend_start)) AS seconds"
+    " FROM pg_stat_activity"
+    " WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    "  AND (datname = current_database() OR datname IS NULL)"
+    " ORDER BY age(backend_xmin) DESC LIMIT 1"
+)
+_OTHER_HOLDERS = text(
+    "SELECT format('replication slot %L (%s transactions behind)', slot_name, age(xmin))"
+    " FROM pg_replication_slots WHERE xmin IS NOT NULL"
+    " UNION ALL"
+    " SELECT format('prepared transaction %L (since %s)', gid, prepared)"
+    " FROM pg_prepared_xacts"
 )
 
 

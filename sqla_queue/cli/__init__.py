@@ -3,7 +3,8 @@ standard for Python CLIs, and testable through its runner or a subprocess).
 
 ``main`` (the entry point, ``sqla_queue.cli:main``) is the group of
 :mod:`.commands` (workers, schema, alembic, the queue server) with the
-operations commands of :mod:`.operations` (maintenance, requeue, config)
+operations commands of :mod:`.operations` (maintenance, requeue, config), the
+operator's of :mod:`.status` (status, cancel, retry-now)
 and Spark's group added; :mod:`.loading` turns ``module:Class`` into the
 class.
 """
@@ -14,6 +15,7 @@ from ..spark.cli import spark
 from .commands import main
 from .loading import load_model, load_worker
 from .operations import config, maintenance, requeue
+from .status import cancel, retry_now, status
 
 __all__ = ["load_model", "load_worker", "main"]
 
@@ -21,3 +23,6 @@ main.add_command(maintenance)
 main.add_command(requeue)
 main.add_command(config)
 main.add_command(spark)
+main.add_command(status)
+main.add_command(cancel)
+main.add_command(retry_now)

@@ -30,7 +30,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.orm import Session
 
-from sqla_queue import QueueClient, install, uninstall
+from sqla_queue import QueueClient, control, install, uninstall
+from sqla_queue.adapters.inspection import InspectionQueries
 from sqla_queue.maintenance import ROUTINES
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.types import utcnow
@@ -123,6 +124,33 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
     with engine.begin() as conn:
         for query in MONITORING:
             conn.execute(text(query.format(t=app.Task.__tablename__)))
+    operator(engine, app, adapter)
+
+
+def operator(engine: Engine, app: App, adapter: Any) -> None:
+    """What `sqla-queue status`, its timeline, cancel and retry-now read and
+    write (all but the one pass that counts finished chains, which reads
+    them all by design: docs/operations.md)."""
+    queries = InspectionQueries(adapter)
+    with Session(engine) as session, session.begin():
+        client = QueueClient(session, app.Task.__tablename__)
+        ready = client.insert_task(processo="operar", payload={"n": 1})
+        later = client.insert_task(
+            processo="operar", payload={"n": 2}, data_hora=utcnow() + dt.timedelta(days=1)
+        )
+    for _ in range(2):
+        with engine.begin() as conn:
+            queries.open_groups(conn)
+            queries.running(conn, limit=20)
+            queries.newest_failures(conn, limit=10)
+            queries.task_row(conn, task_id=ready)
+            queries.chain_rows(conn, keys=[ready])
+            queries.live_rows(conn, keys=[ready])
+            queries.copies(conn, publications=[ready])
+            control.cancel_process(conn, adapter, "nenhum", older_than=dt.timedelta(hours=1))
+    with engine.begin() as conn:
+        control.retry_now(conn, adapter, later)
+        control.cancel_task(conn, adapter, ready)
 
 
 # ------------------------------------------------------------------ PostgreSQL

@@ -1,0 +1,213 @@
+"""The statements that look at a queue table for an operator (``sqla-queue
+status``, :mod:`sqla_queue.inspect`, the dashboard), beside the adapter
+they extend.
+
+Portable SQLAlchemy Core, built once per queue table. What each costs on a
+table of millions of finished attempts:
+
+- the open states (ready, scheduled, retrying, running) read the partial
+  indexes of ``pendente``, ``agendada`` and ``processando`` (PostgreSQL,
+  SQLite) or the status indexes (MySQL family): their cost follows the
+  backlog, not the table;
+- the finished states (succeeded, failed, the dead letter) and the recent
+  throughput are one pass over the finished attempts, the one statement
+  whose cost follows the table (docs/operations.md has it measured);
+- the running tasks read ``ix_processando``; the newest failures read the
+  primary key backwards over the newest attempts only;
+- a chain's timeline reads its rows by ``id``, ``id_inicial`` and
+  ``live_id`` (each indexed), and its pub/sub copies by ``publication_id``
+  among the rows inserted after it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import (
+    Connection,
+    Integer,
+    bindparam,
+    case,
+    false,
+    func,
+    select,
+    true,
+    union_all,
+)
+
+from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, status_is, status_literal
+from ..types import UtcDateTime
+
+if TYPE_CHECKING:
+    from .base import Adapter
+
+__all__ = ["InspectionQueries"]
+
+#: the newest failures are looked for among this many newest attempts
+FAILURE_LOOKBACK = 100_000
+#: ids read per statement while looking for them
+FAILURE_WINDOW = 10_000
+#: the most rows a timeline reads per step (a chain of 100 attempts, its
+#: dead-letter runs and their retries fit many times over)
+TIMELINE_LIMIT = 5_000
+
+
+class InspectionQueries:
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+        c = adapter.table.c
+        later = case((func.coalesce(c.tentativa, 1) > 1, 1), else_=0)
+        head = case((c.id_inicial.is_(None), 1), else_=0)
+        dead = case((c.dead == true(), 1), else_=0)
+        #: one statement per open status, each its own index's predicate
+        self._open = union_all(
+            *(
+                select(
+                    c.processo,
+                    c.tenant,
+                    status_literal(status).label("status"),
+                    dead.label("dead"),
+                    later.label("later"),
+                    head.label("head"),
+                    func.count().label("n"),
+                    func.min(c.data_hora).label("oldest"),
+                )
+                .where(status_is(c.status, status))
+                .group_by(c.processo, c.tenant, dead, later, head)
+                for status in OPEN_STATUSES
+            )
+        )
+        requeued = case((func.coalesce(c.reenfileirado, false()) == true(), 1), else_=0)
+        since = bindparam("since", type_=UtcDateTime())
+        recent = func.sum(case((c.finished_at >= since, 1), else_=0))
+        self._closed = (
+            select(
+                c.processo,
+                c.tenant,
+                c.status,
+                dead.label("dead"),
+                requeued.label("requeued"),
+                head.label("head"),
+                func.count().label("n"),
+                recent.label("recent"),
+            )
+            .where(status_is(c.status, *CLOSED_STATUSES))
+            .group_by(c.processo, c.tenant, c.status, dead, requeued, head)
+        )
+        limit = bindparam("limit", type_=Integer, literal_execute=True)
+        self._running = (
+            select(
+                c.id,
+                c.id_inicial,
+                c.processo,
+                c.tenant,
+                c.tentativa,
+                c.dead,
+                c.worker_id,
+                c.started_at,
+                c.lease_expires_at,
+                c.data_hora,
+            )
+            .where(status_is(c.status, Status.PROCESSING))
+            .order_by(c.id)
+            .limit(limit)
+        )
+        self._max_id = select(func.max(c.id))
+        self._failures = (
+            select(
+                c.id,
+                c.id_inicial,
+                c.processo,
+                c.tenant,
+                c.tentativa,
+                c.dead,
+                c.status,
+                c.mensagem,
+                c.finished_at,
+                c.data_hora,
+                c.worker_id,
+            )
+            .where(
+                c.id > bindparam("low"),
+                c.id <= bindparam("high"),
+                status_is(c.status, Status.FAILED, Status.FAILED_PROCESSING),
+            )
+            .order_by(c.id.desc())
+            .limit(limit)
+        )
+        self._row = select(adapter.table).where(c.id == bindparam("task_id"))
+        by = adapter.table.select().order_by(c.id).limit(TIMELINE_LIMIT)
+        # one statement per index (an OR of the two reads the whole table)
+        self._by_chain = [
+            by.where(adapter.id_match(c.id, "keys")),
+            by.where(adapter.id_match(c.id_inicial, "keys")),
+        ]
+        self._by_live = by.where(adapter.id_match(c.live_id, "keys"))
+        self._copies = by.where(
+            adapter.id_match(c.publication_id, "keys"), c.id > bindparam("after")
+        )
+
+    # ------------------------------------------------------------ counts
+    def open_groups(self, conn: Connection) -> list[Any]:
+        """(processo, tenant, status, dead, later, head, n, oldest) of the
+        open attempts: ``later`` 1 for an attempt after the first, ``head``
+        1 for a chain's first row."""
+        return list(conn.execute(self._open))
+
+    def closed_groups(self, conn: Connection, *, since: dt.datetime) -> list[Any]:
+        """(processo, tenant, status, dead, requeued, head, n, recent) of
+        the finished attempts; ``recent``: how many finished at or after
+        ``since``."""
+        return list(conn.execute(self._closed, {"since": since}))
+
+    # ------------------------------------------------------------ rows
+    def running(self, conn: Connection, *, limit: int) -> list[Any]:
+        return list(conn.execute(self._running, {"limit": limit}))
+
+    def newest_failures(self, conn: Connection, *, limit: int) -> list[Any]:
+        """The newest failed attempts among the ``FAILURE_LOOKBACK`` newest
+        attempts, newest first. Read a window of ids at a time: a range
+        closed at both ends is a primary-key range scan on every planner
+        (an open one, on a table never analysed, can look like most of it)."""
+        newest = conn.execute(self._max_id).scalar()
+        found: list[Any] = []
+        high = int(newest or 0)
+        floor = high - FAILURE_LOOKBACK
+        while high > floor and len(found) < limit:
+            low = max(floor, high - FAILURE_WINDOW)
+            params = {"low": low, "high": high, "limit": limit - len(found)}
+            found += conn.execute(self._failures, params)
+            high = low
+        return found
+
+    def task_row(self, conn: Connection, *, task_id: int) -> Any:
+        return conn.execute(self._row, {"task_id": task_id}).first()
+
+    def chain_rows(self, conn: Connection, *, keys: Sequence[int]) -> list[Any]:
+        """The rows whose id or id_inicial is one of ``keys``."""
+        found = self._chunked(conn, self._by_chain[0], keys)
+        found += self._chunked(conn, self._by_chain[1], keys)
+        return sorted(found, key=lambda row: row.id)
+
+    def live_rows(self, conn: Connection, *, keys: Sequence[int]) -> list[Any]:
+        """The rows whose live_id is one of ``keys`` (dead-letter runs and
+        chains requeued from them)."""
+        return self._chunked(conn, self._by_live, keys)
+
+    def copies(self, conn: Connection, *, publications: Sequence[int]) -> list[Any]:
+        """The pub/sub copies of the attempts ``publications``."""
+        if not publications:
+            return []
+        after = min(publications)
+        return self._chunked(conn, self._copies, publications, after=after)
+
+    def _chunked(
+        self, conn: Connection, statement: Any, keys: Sequence[int], **params: Any
+    ) -> list[Any]:
+        found: dict[int, Any] = {}
+        for chunk in self.adapter.id_chunks(sorted(set(keys))):
+            for row in conn.execute(statement, {"keys": chunk, **params}):
+                found[row.id] = row
+        return [found[key] for key in sorted(found)]

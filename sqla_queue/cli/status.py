@@ -1,0 +1,330 @@
+"""The operator's commands: ``status`` (what a queue is doing), ``cancel``
+and ``retry-now`` (acting on waiting tasks).
+
+``status`` counts tasks, not attempts (the definitions: sqla_queue.inspect
+and docs/operations.md) and renders them with rich; ``--json`` prints
+exactly one JSON object, ``--watch`` refreshes in place, ``--task ID``
+shows one chain as a timeline. Task messages are shown as text, never as
+markup.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..exceptions import SqlaQueueError
+from ..inspect import STATES, QueueStatus, Timeline, queue_status, task_timeline
+from .operations import _app
+
+__all__ = ["cancel", "retry_now", "status"]
+
+_URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
+
+
+class _Duration(click.ParamType):  # type: ignore[type-arg]
+    """``90``, ``90s``, ``15m``, ``2h``, ``7d``."""
+
+    name = "duration"
+    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dt.timedelta:
+        if isinstance(value, dt.timedelta):
+            return value
+        text = str(value).strip().lower()
+        unit = text[-1:] if text[-1:] in self._UNITS else "s"
+        number = text[:-1] if text[-1:] in self._UNITS else text
+        try:
+            amount = float(number)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration (90, 90s, 15m, 2h, 7d)")
+        if amount < 0 or amount != amount:
+            self.fail(f"{value!r} is not a duration (90, 90s, 15m, 2h, 7d)")
+        return dt.timedelta(seconds=amount * self._UNITS[unit])
+
+
+@click.command()
+@click.argument("worker")
+@click.option("--url", help=_URL_HELP)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object and exit")
+@click.option("--watch", is_flag=True, help="refresh in place until Ctrl-C")
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.5, 3600),
+    default=2.0,
+    show_default=True,
+    help="seconds between refreshes (--watch)",
+)
+@click.option("--task", "task_id", type=int, help="one task's chain as a timeline")
+@click.option(
+    "--window",
+    type=_Duration(),
+    default="5m",
+    show_default=True,
+    help="throughput and failure rate over this long",
+)
+def status(
+    worker: str,
+    url: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    task_id: int | None,
+    window: dt.timedelta,
+) -> None:
+    """What WORKER's queue is doing: tasks by process and state (ready,
+    scheduled, running, retrying, succeeded, failed, dead_letter), the
+    oldest ready task's age, recent throughput and failures, running
+    tasks, and on PostgreSQL the table's size, dead tuples and vacuum
+    horizon."""
+    if watch and as_json:
+        raise click.UsageError("--watch and --json do not go together")
+    if window.total_seconds() <= 0:
+        raise click.UsageError("--window must be longer than 0 s")
+    with _app(worker, url) as app:
+        model = type(app.worker).queue_model()
+        if task_id is not None:
+            timeline = task_timeline(app.engine, model, task_id)
+            if as_json:
+                click.echo(json.dumps(timeline.as_json()))
+            else:
+                _console().print(_render_timeline(timeline))
+            return
+
+        def take() -> QueueStatus:
+            return queue_status(app.engine, model, window_seconds=window.total_seconds())
+
+        if as_json:
+            click.echo(json.dumps(take().as_json()))
+        elif watch:
+            _watch(take, interval)
+        else:
+            _console().print(_render(take()))
+
+
+def _console() -> Console:
+    """The terminal's width; 200 columns into a pipe or a file (rich's 80
+    would fold every name and message)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def _watch(take: Callable[[], QueueStatus], interval: float) -> None:
+    stop = threading.Event()
+    with Live(_render(take()), console=_console(), auto_refresh=False, screen=False) as live:
+        try:
+            while not stop.wait(interval):
+                live.update(_render(take()), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+# ------------------------------------------------------------ rendering
+
+
+def _render(status: QueueStatus) -> Group:
+    parts: list[Any] = []
+    counts = Table(title=f"queue {status.queue}", title_justify="left")
+    counts.add_column("process", no_wrap=True)
+    for state in STATES:
+        counts.add_column(state, justify="right", no_wrap=True, min_width=len(state))
+    for name, by in status.processes.items():
+        counts.add_row(Text(name or "(none)"), *(_n(getattr(by, s)) for s in STATES))
+    counts.add_row(Text("total", style="bold"), *(_n(getattr(status.totals, s)) for s in STATES))
+    parts.append(counts)
+    if status.tenants:
+        tenants = Table(title="per tenant", title_justify="left")
+        tenants.add_column("tenant", no_wrap=True)
+        for state in STATES:
+            tenants.add_column(state, justify="right", no_wrap=True, min_width=len(state))
+        for tenant, by in status.tenants.items():
+            tenants.add_row(Text(tenant), *(_n(getattr(by, s)) for s in STATES))
+        parts.append(tenants)
+    t = status.throughput
+    oldest = status.oldest_ready_seconds
+    rate = "-" if t.failure_rate is None else f"{t.failure_rate:.1%}"
+    parts.append(
+        Text(
+            f"oldest ready task: {'none' if oldest is None else _age(oldest)}   "
+            f"last {_age(t.window_seconds)}: {t.finished} attempts finished "
+            f"({t.per_minute:.1f}/min), {t.failed} failed ({rate})"
+        )
+    )
+    if status.running:
+        running = Table(title="running", title_justify="left")
+        for column in ("task", "chain", "process", "attempt", "worker", "running for", "lease"):
+            running.add_column(column)
+        for item in status.running:
+            lease = "-" if item.lease_expires_at is None else _time(item.lease_expires_at)
+            running.add_row(
+                str(item.id),
+                str(item.chain_id),
+                Text(item.process or ""),
+                f"{item.attempt}{' (dead letter)' if item.dead else ''}",
+                Text(item.worker_id or "-"),
+                "-" if item.running_seconds is None else _age(item.running_seconds),
+                lease,
+            )
+        parts.append(running)
+    if status.failures:
+        failures = Table(title="newest failures", title_justify="left")
+        for column in ("task", "chain", "process", "attempt", "finished"):
+            failures.add_column(column, no_wrap=True)
+        failures.add_column("message", ratio=1, min_width=20)
+        for failure in status.failures:
+            failures.add_row(
+                str(failure.id),
+                str(failure.chain_id),
+                Text(failure.process or ""),
+                str(failure.attempt),
+                "-" if failure.finished_at is None else _time(failure.finished_at),
+                Text(failure.message or ""),
+            )
+        parts.append(failures)
+    if status.health is not None:
+        h = status.health.table
+        held = "none" if h.horizon_seconds is None else _age(h.horizon_seconds)
+        parts.append(
+            Text(
+                f"table: {_mb(h.table_bytes)} + indexes {_mb(h.index_bytes)}, "
+                f"{h.dead_tuples:,} dead row versions, {h.live_tuples:,} live; "
+                f"oldest snapshot held for {held}"
+            )
+        )
+        if status.health.warning:
+            parts.append(Text(f"warning: {status.health.warning}", style="bold yellow"))
+    return Group(*parts)
+
+
+def _render_timeline(timeline: Timeline) -> Group:
+    table = Table(
+        title=f"task {timeline.task_id}: chain {timeline.chain_id} ({timeline.process}), "
+        f"{timeline.state}",
+        title_justify="left",
+    )
+    for column in ("kind", "id", "attempt", "status", "run at", "took", "worker"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("message", ratio=1, min_width=20)
+    for row in timeline.rows:
+        took = "-"
+        if row.started_at is not None and row.finished_at is not None:
+            took = _age((row.finished_at - row.started_at).total_seconds())
+        kind = row.kind.replace("_", " ")
+        if row.subscriber_id:
+            kind = f"{kind} ({row.subscriber_id})"
+        table.add_row(
+            Text(kind),
+            str(row.id),
+            str(row.attempt),
+            Text(row.status or ""),
+            "-" if row.run_at is None else _time(row.run_at),
+            took,
+            Text(row.worker_id or "-"),
+            Text(row.message or ""),
+        )
+    return Group(table)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _mb(value: int) -> str:
+    return f"{value / 1048576:.1f} MB"
+
+
+def _time(value: dt.datetime) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _age(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+# ------------------------------------------------------------ actions
+
+
+@click.command()
+@click.argument("worker")
+@click.option("--task", "task_ids", type=int, multiple=True, help="a task's id (repeatable)")
+@click.option("--process", help="every waiting task of this processo")
+@click.option(
+    "--older-than",
+    type=_Duration(),
+    help="with --process: only tasks whose first attempt is older (90s, 15m, 2h, 7d)",
+)
+@click.option("--url", help=_URL_HELP)
+def cancel(
+    worker: str,
+    task_ids: tuple[int, ...],
+    process: str | None,
+    older_than: dt.timedelta | None,
+    url: str | None,
+) -> None:
+    """Cancel waiting tasks of WORKER's queue: a pending or scheduled task
+    ends as falha, "Tarefa cancelada pelo operador." (no retry, not dead
+    letter). A running task is not touched. Select with --task or
+    --process [--older-than]."""
+    from ..control import CANCEL_CHUNK, cancel_process, cancel_task
+
+    if bool(task_ids) == bool(process):
+        raise click.UsageError("give --task ID (one or more) or --process NAME")
+    if older_than is not None and not process:
+        raise click.UsageError("--older-than goes with --process")
+    refused = 0
+    with _app(worker, url) as app, app.engine.connect() as conn:
+        if task_ids:
+            for task_id in task_ids:
+                try:
+                    with conn.begin():
+                        done = cancel_task(conn, app.adapter, task_id)
+                except SqlaQueueError as exc:
+                    click.echo(f"Error: {exc}", err=True)
+                    refused += 1
+                    continue
+                click.echo(f"task {task_id}: cancelled (attempt {', '.join(map(str, done.ids))})")
+        else:
+            assert process is not None
+            total = 0
+            while True:
+                with conn.begin():
+                    done = cancel_process(
+                        conn, app.adapter, process, older_than=older_than, limit=CANCEL_CHUNK
+                    )
+                total += done.count
+                if len(done.ids) < CANCEL_CHUNK:
+                    break
+            click.echo(f"cancelled {total} waiting task(s) of {process}")
+    if refused:
+        raise SystemExit(1)
+
+
+@click.command("retry-now")
+@click.argument("worker")
+@click.option("--task", "task_id", type=int, required=True, help="the task's id")
+@click.option("--url", help=_URL_HELP)
+def retry_now(worker: str, task_id: int, url: str | None) -> None:
+    """Run a scheduled task of WORKER's queue now: a retry waiting out its
+    backoff (or a task scheduled for later) becomes ready at once."""
+    from ..control import retry_now as run_now
+
+    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
+        attempt = run_now(conn, app.adapter, task_id)
+    click.echo(f"task {task_id}: attempt {attempt} is ready now")

@@ -1,0 +1,441 @@
+"""The operator's view: counts of tasks (not attempts), timelines, cancel
+and retry-now, on every database.
+
+Every count is checked against the same count computed in SQL from the
+definitions (docs/operations.md) by another route: a chain's newest attempt
+is its row with the largest id (the implementation reads the
+``reenfileirado`` flag instead), on tables with retries, a rescue, dead
+letters (one requeued), cancellations and pub/sub copies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, Table, false, func, select, true, update
+from sqlalchemy.orm import Session
+
+from sqla_queue import QueueClient, TaskNotFoundError, TaskStateError
+from sqla_queue.inspect import STATES, queue_status, task_timeline
+from sqla_queue.settings import Settings
+from sqla_queue.testing import run_until_empty
+from sqla_queue.types import utcnow
+from sqla_queue.worker import Runner
+from tests.support.app import App
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ------------------------------------------------------------ the reference
+def _state(status: str | None, attempt: int | None) -> str:
+    later = (attempt or 1) > 1
+    return {
+        "pendente": "retrying" if later else "ready",
+        "agendada": "retrying" if later else "scheduled",
+        "processando": "running",
+        "sucesso": "succeeded",
+        "falha": "failed",
+        "falha_processando": "failed",
+    }[status or ""]
+
+
+def counts_by_definition(engine: Engine, table: Table) -> dict[str, dict[str, int]]:
+    """{process: {state: n}} from the definitions: a chain is the rows
+    sharing COALESCE(id_inicial, id) with dead false, in the state of its
+    newest (largest id) row; dead_letter counts rows with dead true and no
+    id_inicial."""
+    c = table.c
+    chain = func.coalesce(c.id_inicial, c.id)
+    newest = (
+        select(func.max(c.id).label("newest")).where(c.dead == false()).group_by(chain).subquery()
+    )
+    found: dict[str, dict[str, int]] = {}
+    with engine.connect() as conn:
+        for process, status, attempt in conn.execute(
+            select(c.processo, c.status, c.tentativa).join(newest, c.id == newest.c.newest)
+        ):
+            by = found.setdefault(process or "", dict.fromkeys(STATES, 0))
+            by[_state(status, attempt)] += 1
+        for process, n in conn.execute(
+            select(c.processo, func.count())
+            .where(c.dead == true(), c.id_inicial.is_(None))
+            .group_by(c.processo)
+        ):
+            found.setdefault(process or "", dict.fromkeys(STATES, 0))["dead_letter"] += n
+    return dict(sorted(found.items()))
+
+
+def totals_of(processes: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {state: sum(by[state] for by in processes.values()) for state in STATES}
+
+
+# ------------------------------------------------------------ the scenario
+def runner(worker: type, engine: Engine) -> Runner:
+    return Runner(worker(), engine=engine, settings=Settings())
+
+
+def build_history(engine: Engine, app: App) -> dict[str, int]:
+    """A queue with every state: successes, an exhausted chain with its
+    dead-letter run (requeued once), a retry waiting out its backoff, a
+    scheduled task, ready tasks with a tenant, a running task, a rescued
+    one and a cancelled one. Returns some of their ids."""
+
+    class Billing(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"faturar"})
+        max_retry = 2
+
+    class Slow(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"lento"})
+        retry_interval_minutes = 30
+
+    class Backoff(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"backoff"})
+        retry_interval_minutes = 30
+
+    ids: dict[str, int] = {}
+    with Session(engine) as session:
+        session.add_all([app.Task(process="faturar", payload={"n": n}) for n in range(3)])
+        exhausted = app.Task(process="faturar", payload={"fail": "always"})
+        waiting = app.Task(process="backoff", payload={"fail": "once"})
+        later = app.Task(
+            process="relatorio", payload={"n": 9}, run_at=utcnow() + dt.timedelta(days=1)
+        )
+        ready = [app.Task(process="relatorio", payload={"n": n}, tenant=7) for n in range(3)]
+        session.add_all([exhausted, waiting, later, *ready])
+        session.flush()
+        ids.update(exhausted=exhausted.id, waiting=waiting.id, later=later.id, ready=ready[0].id)
+        assert run_until_empty(Billing, session).dead == 1
+        assert run_until_empty(Backoff, session).failed == 1
+        session.commit()
+    # the dead task requeued: a new chain, ready, linked to the old one
+    with Session(engine) as session:
+        [requeued] = QueueClient(session, app.Task).requeue_dead([ids["exhausted"]])
+        ids["requeued"] = requeued.new_id
+        # one ready task cancelled
+        QueueClient(session, app.Task).cancel(ids["ready"])
+        session.add_all([app.Task(process="lento", payload={"n": n}) for n in range(2)])
+        session.commit()
+    # two tasks claimed by a worker: one keeps running, the other's worker
+    # "dies" (its lease runs out) and the rescue fails it and retries it
+    slow = runner(Slow, engine)
+    with slow.adapter.connect_claim(engine) as claim:
+        claimed = slow.manager.claim(claim, limit=2)
+    assert len(claimed) == 2
+    ids["running"], ids["rescued"] = claimed[0].id, claimed[1].id
+    with engine.begin() as conn:
+        conn.execute(
+            update(app.Task)
+            .where(app.Task.id == ids["rescued"])
+            .values(lease_expires_at=utcnow() - dt.timedelta(hours=1))
+        )
+    with slow.adapter.connect_maintenance(engine) as conn:
+        assert slow.manager.rescue(conn) == 1
+    return ids
+
+
+EXPECTED = {
+    # 3 successes; the exhausted chain failed, its dead-letter run, and the
+    # chain requeued from it (ready)
+    "faturar": {"succeeded": 3, "failed": 1, "dead_letter": 1, "ready": 1},
+    "backoff": {"retrying": 1},
+    # one scheduled a day ahead, 3 ready of which one cancelled
+    "relatorio": {"scheduled": 1, "ready": 2, "failed": 1},
+    # one running, one rescued and waiting for its retry
+    "lento": {"running": 1, "retrying": 1},
+}
+
+
+def test_status_counts_tasks_not_attempts_as_the_definitions_say(
+    engine: Engine, app: App, installed: None
+) -> None:
+    build_history(engine, app)
+    reference = counts_by_definition(engine, app.Task.__table__)
+    expected = {
+        name: {state: EXPECTED[name].get(state, 0) for state in STATES} for name in sorted(EXPECTED)
+    }
+    assert reference == expected  # the scenario is what it says
+
+    status = queue_status(engine, app.Task)
+    data = status.as_json()
+    assert data["processes"] == reference
+    assert data["totals"] == totals_of(reference)
+    assert data["queue"] == app.Task.__tablename__
+    assert data["tenants"] == {
+        "7": {
+            "totals": {**dict.fromkeys(STATES, 0), "ready": 2, "failed": 1},
+            "processes": {"relatorio": {**dict.fromkeys(STATES, 0), "ready": 2, "failed": 1}},
+        }
+    }
+    assert data["oldest_ready_seconds"] is not None and data["oldest_ready_seconds"] >= 0
+    assert [item.process for item in status.running] == ["lento"]
+    # the newest failures: the rescue's, the cancellation, the exhausted chain's
+    messages = [failure.message or "" for failure in status.failures]
+    assert any("abortado repentinamente" in m for m in messages)
+    assert any(m == "Tarefa cancelada pelo operador." for m in messages)
+    assert any("Máximo de tentativas atingido" in m for m in messages)
+    # every attempt finished in the last 5 minutes: 3 + 2 + 1 dead-letter
+    # run + 1 backoff failure + the cancellation + the rescued one
+    assert status.throughput.finished == 9
+    assert status.throughput.failed == 5
+    # from a Session and a Connection too, the same counts
+    with Session(engine) as session:
+        assert queue_status(session, app.Task).as_json()["processes"] == reference
+    with engine.connect() as conn:
+        assert queue_status(conn, app.Task.__tablename__).as_json()["totals"] == totals_of(
+            reference
+        )
+
+
+def test_pubsub_copies_are_counted_as_their_own_tasks(
+    pengine: Engine, papp: Any, installed: None
+) -> None:
+    with Session(pengine) as session:
+        session.add_all(
+            [
+                papp.Subscriber(id="ok", process="pedido"),
+                papp.Subscriber(id="fails", process="pedido"),
+            ]
+        )
+        session.commit()
+        client = QueueClient(session, papp.Task)
+        publication = client.insert_task_pub_sub("erp", "x", "pedido", "1", {"pedido": 1})
+        session.commit()
+        run_until_empty(papp.PubSubWorker, session)
+        session.commit()
+    reference = counts_by_definition(pengine, papp.Task.__table__)
+    # the publication succeeded; its "ok" copy succeeded; its "fails" copy
+    # spent its 2 attempts and ran its dead-letter run
+    assert totals_of(reference) == {
+        **dict.fromkeys(STATES, 0),
+        "succeeded": 2,
+        "failed": 1,
+        "dead_letter": 1,
+    }
+    assert queue_status(pengine, papp.Task).as_json()["processes"] == reference
+
+    timeline = task_timeline(pengine, papp.Task, publication)
+    assert timeline.state == "succeeded"
+    copies = timeline.of_kind("copy")
+    assert sorted({row.subscriber_id for row in copies}) == ["fails", "ok"]
+    # ok's one attempt; fails' two and its dead-letter run
+    assert [(row.subscriber_id, row.dead) for row in copies] == [
+        ("ok", False),
+        ("fails", False),
+        ("fails", False),
+        ("fails", True),
+    ] or sorted((row.subscriber_id or "", row.dead) for row in copies) == [
+        ("fails", False),
+        ("fails", False),
+        ("fails", True),
+        ("ok", False),
+    ]
+
+
+def test_timeline_shows_every_attempt_the_dead_letter_run_and_the_requeued_chain(
+    engine: Engine, app: App, installed: None
+) -> None:
+    ids = build_history(engine, app)
+    # any of the family's ids gives the same timeline
+    for task_id in (ids["exhausted"], ids["requeued"]):
+        timeline = task_timeline(engine, app.Task, task_id)
+        assert timeline.chain_id == ids["exhausted"]
+        assert timeline.state == "failed"
+        kinds = [(row.kind, row.attempt, row.status) for row in timeline.rows]
+        assert kinds == [
+            ("attempt", 1, "falha"),
+            ("attempt", 2, "falha"),
+            ("dead_letter", 1, "sucesso"),
+            ("requeued", 1, "pendente"),
+        ]
+        assert "Máximo de tentativas" in (timeline.rows[1].message or "")
+        assert all(row.worker_id for row in timeline.rows[:3])
+    rescued = task_timeline(engine, app.Task, ids["rescued"])
+    assert [(row.status, row.attempt) for row in rescued.rows] == [
+        ("falha_processando", 1),
+        ("agendada", 2),
+    ]
+    assert rescued.state == "retrying"
+    with pytest.raises(TaskNotFoundError, match="no task 987654321"):
+        task_timeline(engine, app.Task, 987654321)
+
+
+# ------------------------------------------------------------ acting
+def test_cancel_stops_a_waiting_chain_and_leaves_running_and_finished_ones(
+    engine: Engine, app: App, installed: None
+) -> None:
+    ids = build_history(engine, app)
+    with Session(engine) as session:
+        client = QueueClient(session, app.Task)
+        # the rescued task's retry waits: cancelling by the first attempt's id
+        # stops its chain
+        [attempt] = client.cancel(ids["rescued"])
+        assert attempt != ids["rescued"]
+        with pytest.raises(TaskStateError, match="is running"):
+            client.cancel(ids["running"])
+        with pytest.raises(TaskStateError, match="no pending or scheduled attempt"):
+            client.cancel(ids["exhausted"])
+        session.commit()
+        row = session.get(app.Task, attempt)
+        assert (row.status, row.retries_exhausted, row.message) == (
+            "falha",
+            False,
+            "Tarefa cancelada pelo operador.",
+        )
+        assert row.finished_at is not None
+    counts = queue_status(engine, app.Task).processes["lento"]
+    assert (counts.running, counts.retrying, counts.failed) == (1, 0, 1)
+    # a cancelled task never runs: a worker for its process finds nothing
+    with Session(engine) as session:
+
+        class Slow(app.RecordingWorker):  # type: ignore[name-defined,misc]
+            processes = frozenset({"lento"})
+
+        assert run_until_empty(Slow, session).succeeded == 0
+
+
+def test_cancel_process_older_than_and_retry_now(engine: Engine, app: App, installed: None) -> None:
+    now = utcnow()
+    with Session(engine) as session:
+        old = [
+            app.Task(process="p", payload={"n": n}, run_at=now - dt.timedelta(hours=2))
+            for n in range(3)
+        ]
+        new = [app.Task(process="p", payload={"n": 9})]
+        other = [app.Task(process="q", payload={"n": 1})]
+        future = [app.Task(process="q", payload={"n": 2}, run_at=now + dt.timedelta(days=3))]
+        session.add_all(old + new + other + future)
+        session.flush()
+        client = QueueClient(session, app.Task)
+        cancelled = client.cancel_process("p", older_than=dt.timedelta(hours=1))
+        assert sorted(cancelled) == sorted(task.id for task in old)
+        assert client.cancel_process("p", older_than=dt.timedelta(hours=1)) == []
+        # run the far-scheduled task now; a ready one cannot be
+        attempt = client.retry_now(future[0].id)
+        assert attempt == future[0].id
+        with pytest.raises(TaskStateError, match="no scheduled attempt"):
+            client.retry_now(other[0].id)
+        session.commit()
+
+        class Everything(app.RecordingWorker):  # type: ignore[name-defined,misc]
+            pass
+
+        outcome = run_until_empty(Everything, session)
+        session.commit()
+    # the new "p" task, "q"'s ready one and the one run now
+    assert outcome.succeeded == 3
+    assert queue_status(engine, app.Task).totals.failed == 3
+
+
+def race(engine: Engine, app: App, worker: Runner, task_id: int) -> tuple[bool, bool]:
+    """A claim and a cancel of ``task_id`` at once: (claimed, cancelled)."""
+    start = threading.Barrier(2)
+    results: dict[str, bool] = {}
+
+    def claim() -> None:
+        with worker.adapter.connect_claim(engine) as conn:
+            start.wait()
+            results["claimed"] = bool(worker.manager.claim(conn, limit=1))
+
+    def cancel() -> None:
+        with Session(engine) as session:
+            start.wait()
+            try:
+                results["cancelled"] = bool(QueueClient(session, app.Task).cancel(task_id))
+                session.commit()
+            except TaskStateError:
+                results["cancelled"] = False
+
+    threads = [threading.Thread(target=claim), threading.Thread(target=cancel)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results["claimed"], results["cancelled"]
+
+
+def test_cancel_and_a_claim_at_the_same_moment_exactly_one_wins(
+    engine: Engine, app: App, installed: None
+) -> None:
+    worker = runner(app.RecordingWorker, engine)
+    for _ in range(15):
+        with Session(engine) as session:
+            task = app.Task(process="race", payload={"n": 1})
+            session.add(task)
+            session.commit()
+            task_id = task.id
+        won = race(engine, app, worker, task_id)
+        with Session(engine) as session:
+            status = session.get(app.Task, task_id).status
+        assert won in ((True, False), (False, True)), (won, status)
+        assert status == ("processando" if won[0] else "falha")
+        with engine.begin() as conn:  # the claimed one finishes, out of the way
+            conn.execute(update(app.Task).where(app.Task.id == task_id).values(status="sucesso"))
+
+
+# ------------------------------------------------------------ the commands
+def cli(*args: str, table: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SQLA_QUEUE_TEST_TABLE": table, "PYTHONPATH": REPO}
+    return subprocess.run(
+        [sys.executable, "-m", "sqla_queue.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def test_status_json_and_task_and_the_action_commands(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    ids = build_history(engine, app)
+    table = app.Task.__tablename__
+    worker = ["tests.support.app:RecordingWorker", "--url", db_url]
+    done = cli("status", *worker, "--json", table=table)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)  # exactly one JSON object
+    reference = counts_by_definition(engine, app.Task.__table__)
+    assert data["processes"] == reference
+    assert data["totals"] == totals_of(reference)
+    assert set(data) >= {"queue", "processes", "totals", "oldest_ready_seconds"}
+
+    shown = cli("status", *worker, table=table)
+    assert shown.returncode == 0, shown.stderr
+    assert "relatorio" in shown.stdout and "Tarefa cancelada pelo operador." in shown.stdout
+
+    timeline = cli("status", *worker, "--task", str(ids["exhausted"]), "--json", table=table)
+    assert [row["kind"] for row in json.loads(timeline.stdout)["rows"]] == [
+        "attempt",
+        "attempt",
+        "dead_letter",
+        "requeued",
+    ]
+    missing = cli("status", *worker, "--task", "987654321", table=table)
+    assert missing.returncode == 1 and missing.stderr.strip() == (
+        f"Error: no task 987654321 in {table}"
+    )
+
+    cancelled = cli(
+        "cancel", *worker, "--task", str(ids["rescued"]), "--task", str(ids["running"]), table=table
+    )
+    assert cancelled.returncode == 1
+    assert f"task {ids['rescued']}: cancelled" in cancelled.stdout
+    assert f"task {ids['running']} is running: not cancelled" in cancelled.stderr
+    by_process = cli("cancel", *worker, "--process", "relatorio", table=table)
+    assert by_process.returncode == 0, by_process.stderr
+    assert by_process.stdout.strip() == "cancelled 3 waiting task(s) of relatorio"
+    # the backoff task's retry waits 30 minutes: run it now
+    now = cli("retry-now", *worker, "--task", str(ids["waiting"]), table=table)
+    assert now.returncode == 0, now.stderr
+    with Session(engine) as session:
+        retry = session.scalars(select(app.Task).where(app.Task.initial_id == ids["waiting"])).one()
+        assert retry.status == "pendente" and retry.run_at <= utcnow()
+    usage = cli("cancel", *worker, table=table)
+    assert usage.returncode == 2 and "give --task ID" in usage.stderr
