@@ -47,6 +47,21 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 help="most tasks per transaction (1: one task per transaction)",
             ),
             click.option(
+                "--metrics-port",
+                type=click.IntRange(1, 65535),
+                envvar="SQLA_QUEUE_METRICS_PORT",
+                help="serve Prometheus metrics on this port (/metrics; sqla-queue[metrics]) "
+                "[env: SQLA_QUEUE_METRICS_PORT]",
+            ),
+            click.option(
+                "--metrics-host",
+                default="127.0.0.1",
+                show_default=True,
+                envvar="SQLA_QUEUE_METRICS_HOST",
+                help="address the metrics listen on (0.0.0.0: every interface) "
+                "[env: SQLA_QUEUE_METRICS_HOST]",
+            ),
+            click.option(
                 "--log-level",
                 default=None,
                 type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -77,6 +92,8 @@ def _run_worker(
     burst: bool,
     batch_size: int | None,
     log_level: str | None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Load the worker class, check it, and run it (the options of
     :func:`_worker_options`); exits with its status."""
@@ -85,12 +102,26 @@ def _run_worker(
         cls = load()
         # before cls(): an abstract class would raise a TypeError with a traceback
         cls.check_configuration()
+        if metrics_port is not None:
+            _serve_metrics(cls, metrics_port, metrics_host)
         code = cls().run(
             url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
         )
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(code)
+
+
+def _serve_metrics(cls: type[WorkerBase], port: int, host: str) -> None:
+    from ..metrics import serve
+
+    try:
+        serve(port, host=host, queue=cls.queue_model().__table__.name)
+    except OSError as exc:
+        raise click.ClickException(
+            f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
+    logging.getLogger("sqla_queue.worker").info("metrics on http://%s:%d/metrics", host, port)
 
 
 @main.command()

@@ -43,6 +43,7 @@ import logging
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -95,6 +96,21 @@ class BatchLimit:
         fits = int(self.target_seconds / per_task) if per_task > 0 else self.maximum
         grown = self.value * 2 if count >= self.value else self.value
         self.value = max(1, min(self.maximum, grown, fits))
+
+
+#: the runners of this process while they run (the metrics' lane gauges)
+_running: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+def lanes_of(queue: str) -> tuple[int, int]:
+    """(lanes, lanes running a batch now) of this process's running workers
+    of the queue table named ``queue``."""
+    lanes = busy = 0
+    for runner in list(_running):
+        if runner.adapter.table.name == queue:
+            lanes += runner.concurrency
+            busy += sum(runner.busy)
+    return lanes, busy
 
 
 class Runner:
@@ -158,6 +174,8 @@ class Runner:
         self._signals = 0
         self._trimmed = False
         self.listener: Any = None
+        #: per lane: whether it runs a batch now
+        self.busy = [False] * self.concurrency
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
@@ -174,6 +192,7 @@ class Runner:
             if ready is not None and not self.settings.server.enabled:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
         self.listener = listener
+        _running.add(self)
         self.heartbeat.start()
         if self.effective["maintenance"]:
             self.maintenance.start()
@@ -201,6 +220,7 @@ class Runner:
                 for lane in lanes:
                     lane.join(timeout=0.5)
         finally:
+            _running.discard(self)
             self.stop()
             self.heartbeat.stop()
             if listener is not None:
@@ -296,9 +316,13 @@ class Runner:
                 self.wake.clear()
                 tasks = manager.claim(claim_conn, limit=limit.value)
                 if tasks:
-                    result = manager.run_batch(
-                        claim_conn, work_conn, tasks, self._handle, self.stopping.is_set
-                    )
+                    self.busy[index] = True
+                    try:
+                        result = manager.run_batch(
+                            claim_conn, work_conn, tasks, self._handle, self.stopping.is_set
+                        )
+                    finally:
+                        self.busy[index] = False
                     limit.record(result.succeeded + result.failed, result.seconds)
                 elif self.burst:
                     # a due scheduled task is ready too: promote it now
