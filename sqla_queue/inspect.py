@@ -58,13 +58,17 @@ __all__ = [
     "STATES",
     "Attempt",
     "Counts",
+    "DeadTask",
     "Failure",
     "Health",
     "QueueStatus",
     "RunningTask",
     "Throughput",
     "Timeline",
+    "dead_letter",
+    "describe_age",
     "queue_status",
+    "recent_copies",
     "task_timeline",
 ]
 
@@ -279,6 +283,20 @@ class Timeline:
         }
 
 
+@dataclass(frozen=True)
+class DeadTask:
+    """A dead-letter run: the task it came from (``task_id``), and the
+    chain requeued from it (``requeued_as``, None: not requeued)."""
+
+    dead_id: int
+    task_id: int
+    process: str | None
+    status: str | None
+    went_dead_at: dt.datetime | None
+    message: str | None
+    requeued_as: int | None
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -392,6 +410,72 @@ def task_timeline(bind: Bind, queue: Queue, task_id: int) -> Timeline:
     newest = next((r for r in reversed(own) if not r.reenfileirado), own[-1] if own else row)
     state = _state_of(newest.status, newest.tentativa) or "unknown"
     return Timeline(task_id=task_id, chain_id=key, state=state, process=row.processo, rows=rows)
+
+
+def dead_letter(bind: Bind, queue: Queue, *, limit: int = 50) -> list[DeadTask]:
+    """The newest dead-letter runs (by the id of the task they came from),
+    up to ``limit``, each with the chain requeued from it if any."""
+    table = resolve_table(queue)
+    with _connection(bind) as conn:
+        rows = InspectionQueries(_adapter(conn, table)).dead_letters(conn, limit=limit * 3)
+    requeued: dict[int, int] = {}
+    for row in rows:
+        if not row.dead:
+            requeued.setdefault(row.live_id, row.id)
+    return [
+        DeadTask(
+            dead_id=row.id,
+            task_id=row.live_id,
+            process=row.processo,
+            status=row.status,
+            went_dead_at=row.data_hora,
+            message=row.mensagem,
+            requeued_as=requeued.get(row.live_id),
+        )
+        for row in rows
+        if row.dead
+    ][:limit]
+
+
+def recent_copies(bind: Bind, queue: Queue, *, limit: int = 50) -> list[Attempt]:
+    """The newest attempts of pub/sub copies and webhook deliveries (among
+    the newest 100,000 attempts), newest first."""
+    table = resolve_table(queue)
+    with _connection(bind) as conn:
+        rows = InspectionQueries(_adapter(conn, table)).newest_copies(conn, limit=limit)
+    return [
+        Attempt(
+            kind="copy",
+            id=row.id,
+            chain_id=row.id_inicial or row.id,
+            attempt=row.tentativa or 1,
+            status=row.status,
+            dead=bool(row.dead),
+            process=row.processo,
+            subscriber_id=row.subscriber_id,
+            run_at=row.data_hora,
+            started_at=None,
+            finished_at=row.finished_at,
+            worker_id=None,
+            message=row.mensagem,
+        )
+        for row in rows
+    ]
+
+
+def describe_age(seconds: float | None) -> str:
+    """``seconds`` for a person: 850 ms, 12.5 s, 3.2 min, 1.5 h, 2.0 d."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 # ---------------------------------------------------------------- helpers

@@ -149,6 +149,46 @@ class InspectionQueries:
             adapter.id_match(c.publication_id, "keys"), c.id > bindparam("after")
         )
 
+        # the dead-letter runs and the chains requeued from them: heads that
+        # carry a live_id (ix_<table>_live), newest task first
+        self._dead_letters = (
+            select(
+                c.id,
+                c.live_id,
+                c.dead,
+                c.processo,
+                c.status,
+                c.data_hora,
+                c.finished_at,
+                c.mensagem,
+            )
+            .where(c.live_id.is_not(None), c.id_inicial.is_(None))
+            .order_by(c.live_id.desc(), c.id)
+            .limit(limit)
+        )
+        self._copies_window = (
+            select(
+                c.id,
+                c.id_inicial,
+                c.subscriber_id,
+                c.publication_id,
+                c.processo,
+                c.status,
+                c.tentativa,
+                c.dead,
+                c.data_hora,
+                c.finished_at,
+                c.mensagem,
+            )
+            .where(
+                c.id > bindparam("low"),
+                c.id <= bindparam("high"),
+                c.subscriber_id.is_not(None),
+            )
+            .order_by(c.id.desc())
+            .limit(limit)
+        )
+
     # ------------------------------------------------------------ counts
     def open_groups(self, conn: Connection) -> list[Any]:
         """(processo, tenant, status, dead, later, head, n, oldest) of the
@@ -171,14 +211,29 @@ class InspectionQueries:
         attempts, newest first. Read a window of ids at a time: a range
         closed at both ends is a primary-key range scan on every planner
         (an open one, on a table never analysed, can look like most of it)."""
+        return self._windowed(conn, self._failures, limit)
+
+    def dead_letters(self, conn: Connection, *, limit: int) -> list[Any]:
+        """(id, live_id, dead, processo, status, data_hora, finished_at,
+        mensagem) of the dead-letter runs' and requeued chains' first rows,
+        newest task first, up to ``limit`` rows."""
+        return list(conn.execute(self._dead_letters, {"limit": limit}))
+
+    def newest_copies(self, conn: Connection, *, limit: int) -> list[Any]:
+        """The newest pub/sub copies' attempts (webhook deliveries among
+        them), among the ``FAILURE_LOOKBACK`` newest attempts."""
+        return self._windowed(conn, self._copies_window, limit)
+
+    def _windowed(self, conn: Connection, statement: Any, limit: int) -> list[Any]:
         newest = conn.execute(self._max_id).scalar()
         found: list[Any] = []
         high = int(newest or 0)
         floor = high - FAILURE_LOOKBACK
         while high > floor and len(found) < limit:
             low = max(floor, high - FAILURE_WINDOW)
-            params = {"low": low, "high": high, "limit": limit - len(found)}
-            found += conn.execute(self._failures, params)
+            found += conn.execute(
+                statement, {"low": low, "high": high, "limit": limit - len(found)}
+            )
             high = low
         return found
 

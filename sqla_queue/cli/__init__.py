@@ -15,7 +15,7 @@ from ..spark.cli import spark
 from .commands import main
 from .loading import load_model, load_worker
 from .operations import config, maintenance, requeue
-from .status import cancel, retry_now, status
+from .status import cancel, dashboard, retry_now, status
 
 __all__ = ["load_model", "load_worker", "main"]
 
@@ -26,3 +26,4 @@ main.add_command(spark)
 main.add_command(status)
 main.add_command(cancel)
 main.add_command(retry_now)
+main.add_command(dashboard)

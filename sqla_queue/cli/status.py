@@ -23,10 +23,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..exceptions import SqlaQueueError
-from ..inspect import STATES, QueueStatus, Timeline, queue_status, task_timeline
+from ..inspect import STATES, QueueStatus, Timeline, describe_age, queue_status, task_timeline
 from .operations import _app
 
-__all__ = ["cancel", "retry_now", "status"]
+__all__ = ["cancel", "dashboard", "retry_now", "status"]
 
 _URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
 
@@ -246,16 +246,7 @@ def _time(value: dt.datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _age(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+_age = describe_age
 
 
 # ------------------------------------------------------------ actions
@@ -328,3 +319,46 @@ def retry_now(worker: str, task_id: int, url: str | None) -> None:
     with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
         attempt = run_now(conn, app.adapter, task_id)
     click.echo(f"task {task_id}: attempt {attempt} is ready now")
+
+
+@click.command()
+@click.argument("worker")
+@click.option("--url", help=_URL_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=click.IntRange(1, 65535), default=8780, show_default=True)
+def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
+    """Serve the web dashboard of WORKER's queue (sqla-queue[dashboard]):
+    counts, throughput, running tasks, timelines, the dead letter,
+    subscriptions. Reads need no login. Requeue, cancel and retry need
+    SQLA_QUEUE_DASHBOARD_PASSWORD (user: admin, or
+    SQLA_QUEUE_DASHBOARD_USER); without it the dashboard is read-only.
+    SQLA_QUEUE_DASHBOARD_SECRET signs the session cookie (default: random
+    per start)."""
+    import os
+
+    try:
+        import uvicorn
+
+        from ..dashboard import DashboardConfig, create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs its extra: pip install 'sqla-queue[dashboard]' ({exc.name})"
+        ) from None
+    config = DashboardConfig(
+        user=os.environ.get("SQLA_QUEUE_DASHBOARD_USER") or "admin",
+        password=os.environ.get("SQLA_QUEUE_DASHBOARD_PASSWORD") or None,
+        secret_key=os.environ.get("SQLA_QUEUE_DASHBOARD_SECRET") or None,
+    )
+    with _app(worker, url) as app:
+        cls = type(app.worker)
+        web = create_app(
+            app.engine,
+            cls.queue_model(),
+            subscriber_model=getattr(cls, "subscriber_model", None),
+            config=config,
+        )
+        mode = (
+            "read and write" if config.password else "read-only (no SQLA_QUEUE_DASHBOARD_PASSWORD)"
+        )
+        click.echo(f"dashboard of {app.adapter.qualified_name} on http://{host}:{port}/ ({mode})")
+        uvicorn.run(web, host=host, port=port, log_level="warning")
