@@ -5,7 +5,8 @@
 # tests/adapters/test_ddl.py runs `sqla-queue ddl` output with (psql, mysql, sqlite3),
 # and for the Spark tests a Java runtime and the JDBC drivers Spark reads the
 # queue tables with (PySpark bundles none, and Maven is not reachable: Debian's
-# jars, at the paths sqla_queue.spark looks at). Does nothing when everything
+# jars, at the paths sqla_queue.spark looks at), and chromium with its driver
+# for the dashboard's browser tests. Does nothing when everything
 # is there (no network call); when a package is missing, runs apt-get update
 # first (a fresh machine's package lists are empty or stale: install alone
 # fails there, or fetches versions the mirror no longer has), then apt-get
@@ -24,6 +25,10 @@ command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
 [ -f /usr/share/java/mariadb-java-client.jar ] || missing+=(libmariadb-java)
+# the dashboard's browser tests (tests/acceptance/test_dashboard.py): Debian's
+# chromium and its chromedriver, driven by Selenium (nothing downloads a browser)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 warn() { echo "install-test-deps: $* (tests needing ${missing[*]} will skip)" >&2; exit 0; }
