@@ -39,7 +39,7 @@ fuzz: $(VENV)/.installed-dev
 	SQLA_QUEUE_FUZZ_EXAMPLES=$${SQLA_QUEUE_FUZZ_EXAMPLES:-5000} $(PY) -m pytest -m fuzz $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks setup.py
+	$(VENV)/bin/ruff check sqla_queue tests examples benchmarks scripts setup.py
 	$(VENV)/bin/mypy
 
 bench: $(VENV)/.installed-dev

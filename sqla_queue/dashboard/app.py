@@ -90,7 +90,12 @@ def create_app(
     config = config or DashboardConfig()
     table = resolve_table(model)
     env = Environment(loader=DictLoader(TEMPLATES), autoescape=select_autoescape(default=True))
-    env.globals.update(age=describe_age, mb=lambda n: f"{n / 1048576:.1f} MB", states=STATES)
+    env.globals.update(
+        when=lambda at: "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
+        age=describe_age,
+        mb=lambda n: f"{n / 1048576:.1f} MB",
+        states=STATES,
+    )
     writes = config.password is not None
 
     def page(request: Request, name: str, status_code: int = 200, **values: Any) -> HTMLResponse:

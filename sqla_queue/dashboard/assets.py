@@ -70,7 +70,7 @@ TEMPLATES = {
 <tbody>
 {% for t in status.running %}
 <tr><td><a href="{{ root }}/tasks/{{ t.id }}">{{ t.id }}</a></td><td>{{ t.process }}</td><td>{{ t.attempt }}</td>
-<td>{{ t.worker_id or "-" }}</td><td>{{ age(t.running_seconds) }}</td><td>{{ t.lease_expires_at or "-" }}</td></tr>
+<td>{{ t.worker_id or "-" }}</td><td>{{ age(t.running_seconds) }}</td><td>{{ when(t.lease_expires_at) }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
@@ -84,7 +84,7 @@ TEMPLATES = {
 <tbody>
 {% for f in status.failures %}
 <tr><td><a href="{{ root }}/tasks/{{ f.id }}">{{ f.id }}</a></td><td>{{ f.chain_id }}</td><td>{{ f.process }}</td>
-<td>{{ f.attempt }}</td><td>{{ f.finished_at or "-" }}</td><td class="msg">{{ f.message or "" }}</td></tr>
+<td>{{ f.attempt }}</td><td>{{ when(f.finished_at) }}</td><td class="msg">{{ f.message or "" }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
@@ -118,7 +118,7 @@ TEMPLATES = {
 {% for r in timeline.rows %}
 <tr class="{{ r.kind }}"><td>{{ r.kind }}{% if r.subscriber_id %} ({{ r.subscriber_id }}){% endif %}</td>
 <td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.attempt }}</td><td>{{ r.status }}</td>
-<td>{{ r.run_at or "-" }}</td><td>{{ r.started_at or "-" }}</td><td>{{ r.finished_at or "-" }}</td>
+<td>{{ when(r.run_at) }}</td><td>{{ when(r.started_at) }}</td><td>{{ when(r.finished_at) }}</td>
 <td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}</td></tr>
 {% endfor %}
 </tbody>
@@ -135,7 +135,7 @@ TEMPLATES = {
 <tbody>
 {% for d in dead %}
 <tr><td><a href="{{ root }}/tasks/{{ d.task_id }}">{{ d.task_id }}</a></td><td>{{ d.dead_id }}</td><td>{{ d.process }}</td>
-<td>{{ d.went_dead_at or "-" }}</td><td>{{ d.status }}</td><td class="msg">{{ d.message or "" }}</td>
+<td>{{ when(d.went_dead_at) }}</td><td>{{ d.status }}</td><td class="msg">{{ d.message or "" }}</td>
 <td>{% if d.requeued_as %}requeued as <a href="{{ root }}/tasks/{{ d.requeued_as }}">{{ d.requeued_as }}</a>
 {% else %}<form method="post" action="{{ root }}/api/tasks/{{ d.dead_id }}/requeue" class="inline">
 <input type="hidden" name="csrf" value="{{ csrf }}">
@@ -168,7 +168,7 @@ TEMPLATES = {
 <tbody>
 {% for c in copies %}
 <tr><td><a href="{{ root }}/tasks/{{ c.id }}">{{ c.id }}</a></td><td>{{ c.subscriber_id }}</td><td>{{ c.chain_id }}</td>
-<td>{{ c.attempt }}</td><td>{{ c.status }}</td><td>{{ c.finished_at or "-" }}</td><td class="msg">{{ c.message or "" }}</td></tr>
+<td>{{ c.attempt }}</td><td>{{ c.status }}</td><td>{{ when(c.finished_at) }}</td><td class="msg">{{ c.message or "" }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
