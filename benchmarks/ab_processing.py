@@ -14,6 +14,14 @@ TABLE afresh with that checkout's mixin, loads 20,000 pending no-op tasks
 rate of one run swings by a third; the CPU per task is the steadier figure
 for a change to the worker's Python side (2026-11-24: 4d3b162 about 31 µs,
 c700cf0 about 34.5 µs). The server's own time per statement is not in it.
+
+``--metrics`` attaches the Prometheus metrics (sqla_queue.metrics) to the
+worker's hooks first: metrics on against off, for the same checkout::
+
+    for i in 1 2 3 4 5 6; do
+      .venv/bin/python benchmarks/ab_processing.py . ab_off
+      .venv/bin/python benchmarks/ab_processing.py . ab_on --metrics
+    done
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ def main() -> int:
     parser.add_argument("checkout", type=Path, help="a sqla-queue source tree")
     parser.add_argument("table", help="the queue table to make (and drop) for this run")
     parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--metrics", action="store_true", help="with the Prometheus metrics on")
     args = parser.parse_args()
     checkout = str(args.checkout.resolve())
     sys.path.insert(0, checkout)
@@ -70,6 +79,10 @@ def main() -> int:
         conn.execute(text(f"VACUUM ANALYZE {args.table}"))
     engine.dispose()
 
+    if args.metrics:
+        from sqla_queue.metrics import QueueMetrics
+
+        QueueMetrics(args.table).attach()
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     Noop().run(args.url, burst=True)
