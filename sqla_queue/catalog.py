@@ -724,18 +724,23 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "env",
         _OTHER,
-        "Not read: sqla-queue logs through Python's `logging`.",
+        "The environment's name (upper-cased) in the label of the log lines pushed to "
+        "`GRAFANA_URL`: `<ENV>_flask_api_skeleton=<env>_log`, the reference's "
+        "([operations.md](operations.md#logs)).",
         env=("ENV",),
         default="DEV",
-        status="not read",
+        settings_field="env",
         resolved=False,
     ),
     _s(
         "grafana_url",
         _OTHER,
-        "Not read: attach your own logging handlers.",
+        "Grafana Loki's push endpoint: the `sqla-queue worker` command also pushes every "
+        "log line there, as JSON, in batches from a thread of its own "
+        "([operations.md](operations.md#logs)). Unset: no push.",
         env=("GRAFANA_URL",),
-        status="not read",
+        settings_field="grafana_url",
+        secret=True,
         resolved=False,
     ),
     # ---- the queue server (the seed's socket server), read by settings.py

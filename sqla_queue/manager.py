@@ -49,6 +49,7 @@ from .hooks import (
     Hooks,
     TaskEvent,
 )
+from .logs import task_fields
 from .mixins import MESSAGE_MAX_LENGTH, Status
 from .pipeline import BatchStage, Handler, Middleware, compose
 from .records import TaskRecord
@@ -377,6 +378,7 @@ class TaskManager:
                     "%s failed at commit: %s",
                     task_label(task),
                     fit_message(message, MESSAGE_MAX_LENGTH),
+                    extra=task_fields(task),
                 )
         return result
 
@@ -412,18 +414,21 @@ class TaskManager:
                     "\n" + redact(describe_traceback(exc))
                     if getattr(exc, "log_traceback", True)
                     else "",
+                    extra=task_fields(task, time.perf_counter() - started),
                 )
             return _Failed(recorded, error)
         finally:
             if _touched(session) or session.identity_map:
                 session.close()
         if logger.isEnabledFor(logging.INFO):
+            seconds = time.perf_counter() - started
             logger.info(
                 "%s %s in %.1f ms",
                 task_label(task),
                 # a dead-letter run's handler returned: the task itself did not succeed
                 "done" if task.dead else "succeeded",
-                (time.perf_counter() - started) * 1000,
+                seconds * 1000,
+                extra=task_fields(task, seconds),
             )
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
 
@@ -464,7 +469,12 @@ class TaskManager:
             )
             return
         if culprit is not None:
-            logger.warning("%s failed: %s", task_label(culprit), fit_message(error, 500))
+            logger.warning(
+                "%s failed: %s",
+                task_label(culprit),
+                fit_message(error, 500),
+                extra=task_fields(culprit),
+            )
             if recorded:
                 self.hooks.emit([TaskEvent(recorded, culprit, error)])
 
@@ -529,10 +539,15 @@ class TaskManager:
                 "%s exhausted its attempts; it stays %s",
                 task_label(task),
                 failed_status,
+                extra=task_fields(task),
             )
             return TASK_FAILED
         self.adapter.task_insert_many(conn, rows=[dead_letter_row(task)])
-        logger.warning("%s exhausted its attempts: dead-letter run enqueued", task_label(task))
+        logger.warning(
+            "%s exhausted its attempts: dead-letter run enqueued",
+            task_label(task),
+            extra=task_fields(task),
+        )
         return TASK_DEAD
 
     def _update_claimed(

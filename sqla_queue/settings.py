@@ -299,6 +299,10 @@ class Settings:
     poll_interval_seconds: float = 1.0
     listen_fallback_seconds: float = 5.0
     log_debug: bool = False
+    #: the seed's Grafana Loki push endpoint (logs.py); may hold credentials
+    grafana_url: str | None = field(default=None, repr=False)
+    #: the seed's ENV: the environment name in the Loki label
+    env: str = "DEV"
     task_locks: bool = True
     #: take nsj-queue-lib's task lock too: a mixed fleet (adapters/nsj.py)
     nsj_locks: bool = False
@@ -325,6 +329,8 @@ class Settings:
             poll_interval_seconds=_number(env, "SQLA_QUEUE_POLL_INTERVAL", 1.0, WAIT_SECONDS),
             listen_fallback_seconds=_number(env, "QUEUE_WAIT_NOTIFY_INTERVAL", 5.0, WAIT_SECONDS),
             log_debug=env.get("LOG_DEBUG", "").strip().upper() in ("TRUE", "1", "YES"),
+            grafana_url=env.get("GRAFANA_URL", "").strip() or None,
+            env=(env.get("ENV", "").strip() or "DEV").upper(),
             task_locks=_flag(env, "SQLA_QUEUE_TASK_LOCKS", default=True),
             nsj_locks=_flag(env, "SQLA_QUEUE_NSJ_LOCKS", default=False),
             tenants=TenantSettings.from_env(env),

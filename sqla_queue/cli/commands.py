@@ -11,6 +11,7 @@ import click
 
 from ..ddl import DIALECTS, queue_ddl
 from ..exceptions import SqlaQueueError
+from ..logs import configure
 from ..mixins import QueueMixin
 from ..settings import Settings
 from ..subscribers import SubscriberMixin
@@ -62,6 +63,15 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 "[env: SQLA_QUEUE_METRICS_HOST]",
             ),
             click.option(
+                "--log-format",
+                type=click.Choice(["text", "json"]),
+                default="text",
+                show_default=True,
+                envvar="SQLA_QUEUE_LOG_FORMAT",
+                help="json: one JSON object a line, with the task's ids, process and "
+                "duration [env: SQLA_QUEUE_LOG_FORMAT]",
+            ),
+            click.option(
                 "--log-level",
                 default=None,
                 type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -73,14 +83,13 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-def _settings_and_logging(log_level: str | None) -> Settings:
+def _settings_and_logging(log_level: str | None, log_format: str = "text") -> Settings:
     """The environment's settings, and logging at ``log_level`` (else INFO,
-    DEBUG with LOG_DEBUG=true)."""
+    DEBUG with LOG_DEBUG=true), as text or JSON lines, pushed to Grafana
+    Loki too when GRAFANA_URL is set (logs.py)."""
     settings = Settings.from_env()
     level = log_level or ("DEBUG" if settings.log_debug else "INFO")
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(level, log_format=log_format, grafana_url=settings.grafana_url, env=settings.env)
     return settings
 
 
@@ -92,13 +101,14 @@ def _run_worker(
     burst: bool,
     batch_size: int | None,
     log_level: str | None,
+    log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
 ) -> None:
     """Load the worker class, check it, and run it (the options of
     :func:`_worker_options`); exits with its status."""
     try:
-        settings = _settings_and_logging(log_level)
+        settings = _settings_and_logging(log_level, log_format)
         cls = load()
         # before cls(): an abstract class would raise a TypeError with a traceback
         cls.check_configuration()

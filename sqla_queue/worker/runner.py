@@ -61,6 +61,7 @@ from ..adapters import ErrorKind
 from ..exceptions import ConfigurationError
 from ..hooks import LANE_RECONNECTED, LaneEvent
 from ..leases import Heartbeat
+from ..logs import set_worker_id
 from ..maintenance.clock import Clock
 from ..manager import ConnectionLost, describe_traceback
 from ..records import TaskRecord
@@ -193,6 +194,7 @@ class Runner:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
         self.listener = listener
         _running.add(self)
+        set_worker_id(self.worker_id)
         self.heartbeat.start()
         if self.effective["maintenance"]:
             self.maintenance.start()
