@@ -257,6 +257,8 @@ class Attempt:
     finished_at: dt.datetime | None
     worker_id: str | None
     message: str | None
+    #: a failed attempt's traceback (error_traceback), else None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -607,6 +609,7 @@ def _attempt(kind: str, row: Any) -> Attempt:
         finished_at=row.finished_at,
         worker_id=row.worker_id,
         message=row.mensagem,
+        traceback=getattr(row, "error_traceback", None),
     )
 
 

@@ -50,7 +50,7 @@ from .hooks import (
     TaskEvent,
 )
 from .logs import task_fields
-from .mixins import MESSAGE_MAX_LENGTH, Status
+from .mixins import MESSAGE_MAX_LENGTH, TRACEBACK_MAX_LENGTH, Status
 from .pipeline import BatchStage, Handler, Middleware, compose
 from .records import TaskRecord
 from .redaction import describe_error, fit_message, redact
@@ -108,6 +108,14 @@ def describe_traceback(exc: BaseException) -> str:
     parameters)."""
     frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
     return f"Traceback (most recent call last):\n{frames}{describe_error(exc)}"
+
+
+def _kept_end(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, keeping its end (the frames
+    nearest the error, and the error itself)."""
+    if len(text) <= limit:
+        return text
+    return "…" + text[len(text) - limit + 1 :]
 
 
 @dataclass
@@ -404,16 +412,17 @@ class TaskManager:
                 raise
             error = describe_error(exc)
             retry = not isinstance(exc, self.no_retry)
-            recorded = self.record_failure(conn, task, error, retry=retry)
+            frames = redact(describe_traceback(exc))
+            recorded = self.record_failure(
+                conn, task, error, retry=retry, trace=_kept_end(frames, TRACEBACK_MAX_LENGTH)
+            )
             if recorded:
                 logger.warning(
                     "%s failed: %s%s",
                     task_label(task),
                     fit_message(error, MESSAGE_MAX_LENGTH),
                     # an expected failure (a webhook's answer) needs no frames
-                    "\n" + redact(describe_traceback(exc))
-                    if getattr(exc, "log_traceback", True)
-                    else "",
+                    "\n" + frames if getattr(exc, "log_traceback", True) else "",
                     extra=task_fields(task, time.perf_counter() - started),
                 )
             return _Failed(recorded, error)
@@ -497,6 +506,7 @@ class TaskManager:
         *,
         rescued: bool = False,
         retry: bool = True,
+        trace: str | None = None,
     ) -> str | None:
         """Mark the attempt failed and enqueue what follows it: the next
         attempt, or, past the maximum (or with ``retry`` false: an error
@@ -504,7 +514,8 @@ class TaskManager:
         worker's, or for the rescue the lease it found expired): None, and
         nothing written, when the task is no longer that claim's; else the
         hooks' event of what was written (``task_retried``, ``task_dead``,
-        ``task_failed`` for a dead-letter run that failed)."""
+        ``task_failed`` for a dead-letter run that failed). ``trace``:
+        the failed attempt's ``error_traceback``."""
         now = utcnow()
         failed_status = (Status.FAILED_PROCESSING if rescued else Status.FAILED).value
         next_at = self.backoff.next_attempt_at(task.attempt, now) if retry else None
@@ -516,6 +527,7 @@ class TaskManager:
                 "mensagem": message,
                 "proxima_tentativa": next_at,
                 "finished_at": self.adapter.clock(),
+                "error_traceback": trace,
             }
             if not self._update_claimed(conn, task, values, rescued=rescued):
                 return None
@@ -530,6 +542,7 @@ class TaskManager:
             "estouro_tentativas": True,
             "mensagem": message,
             "finished_at": self.adapter.clock(),
+            "error_traceback": trace,
         }
         if not self._update_claimed(conn, task, values, rescued=rescued):
             return None

@@ -29,6 +29,7 @@ from sqlalchemy import (
     Integer,
     String,
     Table,
+    Text,
     and_,
     event,
     false,
@@ -47,9 +48,11 @@ from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
 
 __all__ = [
     "COLUMN_NAMES",
+    "ERROR_COLUMNS",
     "LEASE_COLUMNS",
     "OWN_COLUMNS",
     "TIMING_COLUMNS",
+    "TRACEBACK_MAX_LENGTH",
     "QueueMixin",
     "Status",
     "status_is",
@@ -65,8 +68,13 @@ LEASE_COLUMNS = ("worker_id", "lease_expires_at")
 #: when an attempt was claimed and when it ended: queue wait and run time
 #: (docs/spark-report.md), which the seed's columns cannot tell
 TIMING_COLUMNS = ("started_at", "finished_at")
+#: why an attempt failed: its traceback (docs/operations.md)
+ERROR_COLUMNS = ("error_traceback",)
 #: every column sqla-queue adds to the seed's
-OWN_COLUMNS = LEASE_COLUMNS + TIMING_COLUMNS
+OWN_COLUMNS = LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS
+#: error_traceback holds at most this many characters (the frames nearest
+#: the error are kept)
+TRACEBACK_MAX_LENGTH = 8000
 
 
 class Status(str, enum.Enum):
@@ -179,6 +187,10 @@ class QueueMixin:
     # back unrun loses its started_at.
     started_at: Mapped[dt.datetime | None] = mapped_column("started_at", UtcDateTime)
     finished_at: Mapped[dt.datetime | None] = mapped_column("finished_at", UtcDateTime)
+    # Ours: a failed attempt's traceback (its frames and its one-line error,
+    # masked as the logs are, at most TRACEBACK_MAX_LENGTH characters);
+    # NULL on every other attempt, and on a rescued one (its worker died).
+    error_traceback: Mapped[str | None] = mapped_column("error_traceback", Text)
 
     @hybrid_property
     def payload(self) -> Any:

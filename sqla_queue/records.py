@@ -77,6 +77,7 @@ class TaskRecord(SeedColumns):
     lease_expires_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
+    error_traceback: str | None = None
     #: columns of the user's model beyond sqla-queue's, by column name:
     #: carried to the task's retry and dead-letter rows
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)

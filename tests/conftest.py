@@ -296,7 +296,8 @@ SEED_COLUMNS = [
 LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
 # and when each attempt was claimed and ended
 TIMING_COLUMNS = ["started_at", "finished_at"]
-TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS
+ERROR_COLUMNS = ["error_traceback"]
+TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS
 
 
 def lock_waits(engine: Engine, table_name: str) -> int:

@@ -231,7 +231,14 @@ def _render_timeline(timeline: Timeline) -> Group:
             Text(row.worker_id or "-"),
             Text(row.message or ""),
         )
-    return Group(table)
+    parts: list[Any] = [table]
+    for row in timeline.rows:
+        if row.traceback:
+            parts.append(
+                Text(f"\nattempt {row.id} ({row.kind} {row.attempt}) failed:", style="bold")
+            )
+            parts.append(Text(row.traceback))
+    return Group(*parts)
 
 
 def _n(value: int) -> str:

@@ -119,7 +119,8 @@ TEMPLATES = {
 <tr class="{{ r.kind }}"><td>{{ r.kind }}{% if r.subscriber_id %} ({{ r.subscriber_id }}){% endif %}</td>
 <td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.attempt }}</td><td>{{ r.status }}</td>
 <td>{{ when(r.run_at) }}</td><td>{{ when(r.started_at) }}</td><td>{{ when(r.finished_at) }}</td>
-<td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}</td></tr>
+<td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}{% if r.traceback %}
+<details class="traceback"><summary>traceback</summary><pre>{{ r.traceback }}</pre></details>{% endif %}</td></tr>
 {% endfor %}
 </tbody>
 </table>
@@ -217,6 +218,7 @@ form.inline { display: inline; }
 #chart .bad { stroke: #c53030; fill: none; stroke-width: 2; }
 .legend .ok { color: #2b6cb0; } .legend .bad { color: #c53030; }
 label { display: block; margin: .5em 0; }
+details.traceback pre { white-space: pre-wrap; font-size: 12px; background: #f0f2f5; padding: .5em; }
 """
 
 # Draws the throughput chart from /api/status every 3 s; builds elements

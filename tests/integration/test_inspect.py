@@ -439,3 +439,55 @@ def test_status_json_and_task_and_the_action_commands(
         assert retry.status == "pendente" and retry.run_at <= utcnow()
     usage = cli("cancel", *worker, table=table)
     assert usage.returncode == 2 and "give --task ID" in usage.stderr
+
+
+def test_a_failed_attempt_keeps_its_traceback_masked_and_bounded(
+    engine: Engine, app: App, installed: None
+) -> None:
+    class Leaky(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 2
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if payload.get("deep"):
+                return deep_calls["f0"]()  # type: ignore[no-any-return]
+            if payload.get("n") == 2:
+                return None
+            raise ValueError("cannot reach postgresql://app:hunter2@db/prod (password=hunter2)")
+
+    # 200 distinct frames (a recursion's repeated ones are folded into one line)
+    source = (
+        "".join(f"def f{i}():\n    return f{i + 1}()\n" for i in range(200))
+        + "def f200():\n    raise RuntimeError('deep down')\n"
+    )
+    deep_calls: dict[str, Any] = {}
+    exec(compile(source, "deep_calls.py", "exec"), deep_calls)
+
+    with Session(engine) as session:
+        leaky = app.Task(process="faturar", payload={"n": 1})
+        deep = app.Task(process="faturar", payload={"deep": True})
+        fine = app.Task(process="outro", payload={"n": 2})
+        session.add_all([leaky, deep, fine])
+        session.flush()
+        run_until_empty(Leaky, session)
+        session.commit()
+        ids = (leaky.id, deep.id, fine.id)
+    timeline = task_timeline(engine, app.Task, ids[0])
+    failed = [row for row in timeline.rows if row.status == "falha"]
+    assert len(failed) == 2
+    for row in failed:
+        assert row.traceback is not None
+        assert row.traceback.startswith("Traceback (most recent call last):")
+        assert "in execute" in row.traceback and "ValueError" in row.traceback
+        assert "hunter2" not in row.traceback
+    dead_run = timeline.of_kind("dead_letter")[0]
+    assert dead_run.traceback is None  # it succeeded
+    deep_rows = task_timeline(engine, app.Task, ids[1]).rows
+    kept = deep_rows[0].traceback or ""
+    assert len(kept) == 8000 and kept.startswith("…") and kept.endswith("RuntimeError: deep down")
+    assert all(row.traceback is None for row in task_timeline(engine, app.Task, ids[2]).rows)
+    # in the table, for SQL
+    with engine.connect() as conn:
+        stored = conn.execute(
+            select(app.Task.error_traceback).where(app.Task.id == ids[0])
+        ).scalar_one()
+    assert stored == failed[0].traceback
