@@ -722,6 +722,18 @@ CATALOGUE: tuple[Setting, ...] = (
         resolved=False,
     ),
     _s(
+        "paused_processes",
+        _OTHER,
+        "Processes no worker claims: their tasks stay queued until resumed. Comma-separated "
+        "`processo` values; written by `sqla-queue pause` / `resume` (and the dashboard); "
+        "every worker reads it every 2 seconds ([operations.md](operations.md#pause-and-resume)).",
+        kind=Text(),
+        default="",
+        default_text="none",
+        table=("paused_processes",),
+        resolved=False,
+    ),
+    _s(
         "env",
         _OTHER,
         "The environment's name (upper-cased) in the label of the log lines pushed to "

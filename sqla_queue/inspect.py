@@ -51,6 +51,7 @@ from .adapters.inspection import InspectionQueries
 from .client import resolve_table
 from .exceptions import ConfigurationError, TaskNotFoundError
 from .mixins import QueueMixin, Status
+from .pause import paused_processes
 from .types import utcnow
 
 __all__ = [
@@ -202,6 +203,8 @@ class QueueStatus:
     failures: list[Failure]
     health: Health | None
     taken_at: dt.datetime
+    #: processes paused across the fleet (their ready tasks wait: pause.py)
+    paused: frozenset[str] = frozenset()
 
     def as_json(self) -> dict[str, Any]:
         """What ``sqla-queue status --json`` and ``GET /api/status`` give."""
@@ -227,6 +230,7 @@ class QueueStatus:
             "running": [_jsonable(dataclasses.asdict(item)) for item in self.running],
             "failures": [_jsonable(dataclasses.asdict(item)) for item in self.failures],
             "table": None,
+            "paused": sorted(self.paused),
             "taken_at": self.taken_at.isoformat(),
         }
         if self.health is not None:
@@ -328,6 +332,8 @@ def queue_status(
         running_rows = queries.running(conn, limit=running) if running else []
         failure_rows = queries.newest_failures(conn, limit=failures) if failures else []
         table_health = adapter.table_health(conn)
+        # the model names its configuration table (__queue_configuration__)
+        paused = paused_processes(conn, queue if isinstance(queue, type) else table)
     processes: dict[str, Counts] = {}
     tenant_processes: dict[str, dict[str, Counts]] = {}
     oldest: dt.datetime | None = None
@@ -377,6 +383,7 @@ def queue_status(
         if table_health is None
         else Health(table_health, _horizon_warning(table_health)),
         taken_at=now,
+        paused=paused,
     )
 
 

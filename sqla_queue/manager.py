@@ -153,6 +153,9 @@ class TaskManager:
         self.middleware = tuple(middleware)
         #: the observers of outcomes, called after each commit (hooks.py)
         self.hooks = hooks or Hooks()
+        #: claims through this adapter instead, while processes are paused
+        #: (the same table and locks, its claim skipping them: pause.py)
+        self.claim_adapter: Adapter | None = None
         self.backoff: RetryPolicy = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
@@ -160,8 +163,9 @@ class TaskManager:
 
     # ----------------------------------------------------------- claiming
     def claim(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
+        adapter = self.claim_adapter or self.adapter
         with conn.begin():
-            tasks = self.adapter.task_claim_many(
+            tasks = adapter.task_claim_many(
                 conn, limit=limit, owner=self.owner, lease_seconds=self.lease.seconds
             )
         self.claims.add(task.id for task in tasks)

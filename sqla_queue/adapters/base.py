@@ -96,10 +96,16 @@ class ClaimFilter:
     all_subscribers: bool = False
     #: a row is ready only this many seconds after its time (PEQ's item_delay)
     delay_seconds: float = 0.0
+    #: processes paused across the fleet (sqla_queue.pause): never claimed
+    paused: frozenset[str] = frozenset()
 
     def predicate(self, table: Table) -> ColumnElement[bool] | None:
         """The WHERE condition, or None when every row qualifies."""
         routed = self._routed(table)
+        if self.paused:
+            c = table.c
+            running = or_(c.processo.is_(None), c.processo.not_in(sorted(self.paused)))
+            routed = running if routed is None else and_(routed, running)
         if not self.delay_seconds:
             return routed
         delay = dt.timedelta(seconds=self.delay_seconds)

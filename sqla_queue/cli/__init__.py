@@ -4,7 +4,7 @@ standard for Python CLIs, and testable through its runner or a subprocess).
 ``main`` (the entry point, ``sqla_queue.cli:main``) is the group of
 :mod:`.commands` (workers, schema, alembic, the queue server) with the
 operations commands of :mod:`.operations` (maintenance, requeue, config), the
-operator's of :mod:`.status` (status, cancel, retry-now)
+operator's of :mod:`.status` (status, cancel, retry-now, pause, resume, dashboard)
 and Spark's group added; :mod:`.loading` turns ``module:Class`` into the
 class.
 """
@@ -15,7 +15,7 @@ from ..spark.cli import spark
 from .commands import main
 from .loading import load_model, load_worker
 from .operations import config, maintenance, requeue
-from .status import cancel, dashboard, retry_now, status
+from .status import cancel, dashboard, pause, resume, retry_now, status
 
 __all__ = ["load_model", "load_worker", "main"]
 
@@ -27,3 +27,5 @@ main.add_command(status)
 main.add_command(cancel)
 main.add_command(retry_now)
 main.add_command(dashboard)
+main.add_command(pause)
+main.add_command(resume)

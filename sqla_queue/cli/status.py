@@ -26,7 +26,7 @@ from ..exceptions import SqlaQueueError
 from ..inspect import STATES, QueueStatus, Timeline, describe_age, queue_status, task_timeline
 from .operations import _app
 
-__all__ = ["cancel", "dashboard", "retry_now", "status"]
+__all__ = ["cancel", "dashboard", "pause", "resume", "retry_now", "status"]
 
 _URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
 
@@ -138,7 +138,10 @@ def _render(status: QueueStatus) -> Group:
     for state in STATES:
         counts.add_column(state, justify="right", no_wrap=True, min_width=len(state))
     for name, by in status.processes.items():
-        counts.add_row(Text(name or "(none)"), *(_n(getattr(by, s)) for s in STATES))
+        label = Text(name or "(none)")
+        if name in status.paused:
+            label.append(" (paused)", style="bold yellow")
+        counts.add_row(label, *(_n(getattr(by, s)) for s in STATES))
     counts.add_row(Text("total", style="bold"), *(_n(getattr(status.totals, s)) for s in STATES))
     parts.append(counts)
     if status.tenants:
@@ -369,3 +372,46 @@ def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
         )
         click.echo(f"dashboard of {app.adapter.qualified_name} on http://{host}:{port}/ ({mode})")
         uvicorn.run(web, host=host, port=port, log_level="warning")
+
+
+@click.command()
+@click.argument("worker")
+@click.option(
+    "--process", "processes", multiple=True, required=True, help="a processo (repeatable)"
+)
+@click.option("--url", help=_URL_HELP)
+def pause(worker: str, processes: tuple[str, ...], url: str | None) -> None:
+    """Pause PROCESS across the whole fleet of WORKER's queue: its tasks
+    stay queued (counted as ready) and no worker claims them until resumed;
+    running ones finish. Every worker sees it within 2 seconds."""
+    from ..pause import PAUSE_CHECK_SECONDS
+    from ..pause import pause as pause_processes
+
+    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
+        paused = pause_processes(conn, type(app.worker).queue_model(), processes)
+    click.echo(
+        f"paused: {', '.join(sorted(paused))} "
+        f"(workers stop claiming them within {PAUSE_CHECK_SECONDS:.0f} s)"
+    )
+
+
+@click.command()
+@click.argument("worker")
+@click.option("--process", "processes", multiple=True, help="a processo (repeatable)")
+@click.option("--all", "every", is_flag=True, help="every paused process")
+@click.option("--url", help=_URL_HELP)
+def resume(worker: str, processes: tuple[str, ...], every: bool, url: str | None) -> None:
+    """Resume paused processes of WORKER's queue (--process, or --all)."""
+    from ..pause import paused_processes
+    from ..pause import resume as resume_processes
+
+    if bool(processes) == every:
+        raise click.UsageError("give --process NAME (one or more) or --all")
+    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
+        model = type(app.worker).queue_model()
+        names = paused_processes(conn, model) if every else frozenset(processes)
+        still = resume_processes(conn, model, names)
+    click.echo(
+        f"resumed: {', '.join(sorted(names)) or 'nothing'}; still paused: "
+        f"{', '.join(sorted(still)) or 'none'}"
+    )

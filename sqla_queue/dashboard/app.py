@@ -39,6 +39,7 @@ from ..inspect import (
     recent_copies,
     task_timeline,
 )
+from ..pause import pause, resume
 from .assets import CSS, JS, TEMPLATES
 
 __all__ = ["DashboardConfig", "create_app"]
@@ -57,6 +58,8 @@ _NOTICES = {
     "requeue": "Requeued: the task runs again as a new chain.",
     "cancel": "Cancelled.",
     "retry-now": "Its next attempt is ready now.",
+    "pause": "Paused: no worker claims its tasks (within 2 s).",
+    "resume": "Resumed.",
     "logged-in": "Logged in.",
     "logged-out": "Logged out.",
 }
@@ -89,6 +92,8 @@ def create_app(
     """The dashboard of ``model``'s queue table on ``engine``."""
     config = config or DashboardConfig()
     table = resolve_table(model)
+    # the model, when given one: it names its configuration table
+    queue: Any = model if isinstance(model, type) else table
     env = Environment(loader=DictLoader(TEMPLATES), autoescape=select_autoescape(default=True))
     env.globals.update(
         when=lambda at: "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -112,7 +117,7 @@ def create_app(
         return HTMLResponse(html, status_code=status_code)
 
     def overview(request: Request) -> Response:
-        status = queue_status(engine, table, window_seconds=config.window_seconds)
+        status = queue_status(engine, queue, window_seconds=config.window_seconds)
         data = status.as_json()
         oldest = status.oldest_ready_seconds
         return page(
@@ -154,7 +159,7 @@ def create_app(
         )
 
     def api_status(request: Request) -> Response:
-        status = queue_status(engine, table, window_seconds=config.window_seconds)
+        status = queue_status(engine, queue, window_seconds=config.window_seconds)
         return JSONResponse(status.as_json())
 
     def api_task(request: Request) -> Response:
@@ -193,6 +198,27 @@ def create_app(
         if _wants_json(request):
             return JSONResponse({"ok": True, "action": action, "task": shown})
         return RedirectResponse(f"{config.root}/tasks/{shown}?done={action}", status_code=303)
+
+    async def pausing(request: Request) -> Response:
+        action = request.path_params["action"]
+        if action not in ("pause", "resume"):
+            return _answer(request, 404, "no such action (pause, resume)")
+        refused = await _refuse_write(request, writes, check_action=False)
+        if refused is not None:
+            return refused
+        form = await request.form()
+        process = form.get("process")
+        if not isinstance(process, str) or not process:
+            return _answer(request, 400, "give the process to pause or resume")
+        try:
+            with engine.connect() as conn, conn.begin():
+                change = pause if action == "pause" else resume
+                paused = change(conn, queue, [process])
+        except SqlaQueueError as exc:
+            return _answer(request, 400, str(exc))
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "paused": sorted(paused)})
+        return RedirectResponse(f"{config.root}/?done={action}", status_code=303)
 
     def login_page(request: Request) -> Response:
         if not writes:
@@ -244,6 +270,7 @@ def create_app(
             act,
             methods=["POST"],
         ),
+        Route("/api/processes/{action:str}", pausing, methods=["POST"]),
         Route("/static/app.css", css),
         Route("/static/app.js", js),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
@@ -278,6 +305,7 @@ class _StatusView:
         self.running = status.running
         self.failures = status.failures
         self.health = status.health
+        self.paused = status.paused
 
 
 def _actions_for(timeline: Any) -> list[tuple[str, str]]:
@@ -315,8 +343,10 @@ def _wants_json(request: Request) -> bool:
     )
 
 
-async def _refuse_write(request: Request, writes: bool) -> Response | None:
-    if request.path_params["action"] not in ("requeue", "cancel", "retry-now"):
+async def _refuse_write(
+    request: Request, writes: bool, *, check_action: bool = True
+) -> Response | None:
+    if check_action and request.path_params["action"] not in ("requeue", "cancel", "retry-now"):
         return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
     if not writes:
         return _answer(request, 403, _READ_ONLY)

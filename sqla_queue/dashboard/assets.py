@@ -49,11 +49,19 @@ TEMPLATES = {
 <thead><tr><th>process</th>{% for s in states %}<th>{{ s }}</th>{% endfor %}</tr></thead>
 <tbody>
 {% for name, counts in status.processes.items() %}
-<tr><td>{{ name or "(none)" }}</td>{% for s in states %}<td class="n">{{ counts[s] }}</td>{% endfor %}</tr>
+<tr><td>{{ name or "(none)" }}{% if name in status.paused %} <span class="paused">paused</span>{% endif %}</td>{% for s in states %}<td class="n">{{ counts[s] }}</td>{% endfor %}</tr>
 {% endfor %}
 <tr class="total"><td>total</td>{% for s in states %}<td class="n">{{ status.totals[s] }}</td>{% endfor %}</tr>
 </tbody>
 </table>
+<div class="actions" id="pausing">
+{% for name in status.processes.keys() %}{% if name %}
+<form method="post" action="{{ root }}/api/processes/{{ 'resume' if name in status.paused else 'pause' }}" class="inline">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="process" value="{{ name }}">
+<button class="{{ 'resume' if name in status.paused else 'pause' }}" data-process="{{ name }}" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>{{ 'Resume' if name in status.paused else 'Pause' }} {{ name }}</button>
+</form>
+{% endif %}{% endfor %}
+</div>
 <p id="summary">oldest ready task: {{ oldest }} · last {{ window }}:
 {{ status.throughput.finished }} attempts finished, {{ status.throughput.failed }} failed</p>
 </section>
@@ -210,6 +218,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.total td { font-weight: 700; }
 td.msg { max-width: 48em; white-space: pre-wrap; word-break: break-word; }
 .warn { color: #a4161a; font-weight: 600; }
+.paused { color: #975a16; font-weight: 600; }
 .notice { background: #e3f6e8; padding: .5em 1.2em; margin: 0; }
 form.inline { display: inline; }
 .actions { margin: .5em 0 1em; }

@@ -101,24 +101,23 @@ class QueueApp:
         self.lease = LeasePolicy(effective["lease_seconds"])
         worker._lease_seconds = self.lease.seconds
         worker._time_limit_seconds = effective["time_limit"]
-        table = model.__table__
         claim_filter = claim_filter_of(cls)
         if effective["item_delay"]:
             claim_filter = dataclasses.replace(
                 claim_filter or ClaimFilter(), delay_seconds=effective["item_delay"]
             )
         in_transaction = connection is not None  # one connection: no lock to outlive it
-        self.adapter: Adapter = adapter_for(
-            self.engine.dialect,
-            table,  # type: ignore[arg-type]
-            channel_of(model, table),  # type: ignore[arg-type]
-            task_locks=not in_transaction
+        self._claim_filter = claim_filter
+        self._adapter_options: dict[str, Any] = {
+            "task_locks": not in_transaction
             and providers.task_locks(effective["task_locks"], self.settings),
-            claim_filter=claim_filter,
-            nsj_locks=not in_transaction
+            "nsj_locks": not in_transaction
             and (self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks),
-            in_caller_transaction=in_transaction,
-        )
+            "in_caller_transaction": in_transaction,
+        }
+        self.adapter: Adapter = self._adapter_for(claim_filter)
+        #: the adapter whose claims skip each set of paused processes (pause.py)
+        self._paused_adapters: dict[frozenset[str], Adapter] = {}
         providers.check_adapter(self.adapter, self.settings)
         if not in_transaction:
             self.adapter.prepare_engine(self.engine)
@@ -280,6 +279,32 @@ class QueueApp:
         """``error`` as one line naming the database (without its password)."""
         where = self.engine.url.render_as_string(hide_password=True)
         return WorkerDatabaseError(f"database error on {where}: {_describe(error)}")
+
+    def _adapter_for(self, claim_filter: ClaimFilter | None) -> Adapter:
+        model = type(self.worker).queue_model()
+        table = model.__table__
+        return adapter_for(
+            self.engine.dialect,
+            table,  # type: ignore[arg-type]
+            channel_of(model, table),  # type: ignore[arg-type]
+            claim_filter=claim_filter,
+            **self._adapter_options,
+        )
+
+    def pause_claims(self, paused: frozenset[str]) -> None:
+        """Make the manager's claims skip ``paused`` processes (none: claim
+        as the worker class says). An adapter per set, made once: its claim
+        statements are compiled with the set in them; its locks are the
+        queue's, as the main adapter's."""
+        if not paused:
+            self.manager.claim_adapter = None
+            return
+        adapter = self._paused_adapters.get(paused)
+        if adapter is None:
+            base = self._claim_filter or ClaimFilter()
+            adapter = self._adapter_for(dataclasses.replace(base, paused=paused))
+            self._paused_adapters[paused] = adapter
+        self.manager.claim_adapter = adapter
 
     def check_table(self, *, wait_for_database: bool = False) -> None:
         """Refuse to start on a queue table that does not exist, or that

@@ -64,6 +64,7 @@ from ..leases import Heartbeat
 from ..logs import set_worker_id
 from ..maintenance.clock import Clock
 from ..manager import ConnectionLost, describe_traceback
+from ..pause import PAUSE_CHECK_SECONDS, paused_processes
 from ..records import TaskRecord
 from ..redaction import describe_error
 from ..settings import Settings
@@ -177,6 +178,7 @@ class Runner:
         self.listener: Any = None
         #: per lane: whether it runs a batch now
         self.busy = [False] * self.concurrency
+        self._paused: frozenset[str] = frozenset()
 
     # ----------------------------------------------------------------- run
     def run(self) -> int:
@@ -195,6 +197,9 @@ class Runner:
         self.listener = listener
         _running.add(self)
         set_worker_id(self.worker_id)
+        self._check_paused()  # before the first claim
+        pauses = threading.Thread(target=self._watch_paused, name="sqla-queue-pause", daemon=True)
+        pauses.start()
         self.heartbeat.start()
         if self.effective["maintenance"]:
             self.maintenance.start()
@@ -236,6 +241,28 @@ class Runner:
             raise error
         logger.info("worker %s stopped", type(self.worker).__name__)
         return 0
+
+    def _watch_paused(self) -> None:
+        while not self.stopping.wait(PAUSE_CHECK_SECONDS):
+            self._check_paused()
+
+    def _check_paused(self) -> None:
+        """Read the paused processes (pause.py) and claim accordingly; a
+        database error keeps the last known set."""
+        try:
+            with self.engine.connect() as conn:
+                paused = paused_processes(conn, type(self.worker).queue_model())
+        except Exception as exc:
+            logger.debug("could not read the paused processes: %s", describe_error(exc))
+            return
+        if paused != self._paused:
+            if paused:
+                logger.info("paused processes (not claimed): %s", ", ".join(sorted(paused)))
+            else:
+                logger.info("no process is paused any more")
+            self._paused = paused
+            self.app.pause_claims(paused)
+            self.wake.set()
 
     def stop(self) -> None:
         """Finish running tasks, hand back the rest, and return from run()."""

@@ -213,6 +213,25 @@ def test_writes_need_a_login_a_csrf_token_and_a_configured_credential(
                 timeout=10,
             )
             assert again.status_code == 409
+            # pause and resume a process from the API (the page's forms post the same)
+            paused = web.post(
+                f"{base}/api/processes/pause",
+                data={"process": "faturar"},
+                headers={"X-CSRF-Token": token.group(1)},
+                timeout=10,
+            )
+            assert paused.status_code == 200 and paused.json()["paused"] == ["faturar"]
+            assert web.get(f"{base}/api/status", timeout=10).json()["paused"] == ["faturar"]
+            assert "Resume faturar" in web.get(f"{base}/", timeout=10).text
+            no_token = web.post(f"{base}/api/processes/resume", data={"process": "faturar"})
+            assert no_token.status_code == 403
+            resumed = web.post(
+                f"{base}/api/processes/resume",
+                data={"process": "faturar"},
+                headers={"X-CSRF-Token": token.group(1)},
+                timeout=10,
+            )
+            assert resumed.json()["paused"] == []
             cookie = web.cookies.get("sqla_queue_dashboard")
             assert cookie and PASSWORD not in cookie
         headers = requests.get(f"{base}/", timeout=10).headers

@@ -31,6 +31,7 @@ from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
+from sqla_queue.adapters import ClaimFilter, adapter_for
 from sqla_queue.adapters.inspection import InspectionQueries
 from sqla_queue.maintenance import ROUTINES
 from sqla_queue.settings import Settings, normalize_url
@@ -151,6 +152,23 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
     with engine.begin() as conn:
         control.retry_now(conn, adapter, later)
         control.cancel_task(conn, adapter, ready)
+    # a claim while a process is paused (pause.py): its NOT IN is a filter
+    paused = adapter_for(
+        engine.dialect,
+        adapter.table,
+        adapter.channel,
+        claim_filter=ClaimFilter(paused=frozenset({"nenhum"})),
+    )
+    with contextlib.closing(paused.connect_claim(engine)) as claim:
+        for _ in range(2):
+            with claim.begin() if not paused.claim_autocommit else contextlib.nullcontext():
+                taken = paused.task_claim_many(claim, limit=1, owner="paused", lease_seconds=30)
+            ids = [task.id for task in taken]
+            with engine.begin() as conn:
+                paused.task_hand_back_many(conn, ids=ids, owner="paused")
+            paused.lock_release_many(claim, ids=ids)
+            if claim.in_transaction():
+                claim.commit()
 
 
 # ------------------------------------------------------------------ PostgreSQL
