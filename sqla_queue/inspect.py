@@ -452,24 +452,7 @@ def recent_copies(bind: Bind, queue: Queue, *, limit: int = 50) -> list[Attempt]
     table = resolve_table(queue)
     with _connection(bind) as conn:
         rows = InspectionQueries(_adapter(conn, table)).newest_copies(conn, limit=limit)
-    return [
-        Attempt(
-            kind="copy",
-            id=row.id,
-            chain_id=row.id_inicial or row.id,
-            attempt=row.tentativa or 1,
-            status=row.status,
-            dead=bool(row.dead),
-            process=row.processo,
-            subscriber_id=row.subscriber_id,
-            run_at=row.data_hora,
-            started_at=None,
-            finished_at=row.finished_at,
-            worker_id=None,
-            message=row.mensagem,
-        )
-        for row in rows
-    ]
+    return [_attempt("copy", row) for row in rows]
 
 
 def describe_age(seconds: float | None) -> str:

@@ -177,7 +177,9 @@ class InspectionQueries:
                 c.tentativa,
                 c.dead,
                 c.data_hora,
+                c.started_at,
                 c.finished_at,
+                c.worker_id,
                 c.mensagem,
             )
             .where(
