@@ -734,6 +734,33 @@ CATALOGUE: tuple[Setting, ...] = (
         resolved=False,
     ),
     _s(
+        "dashboard_user",
+        _OTHER,
+        "The user `sqla-queue dashboard` logs in "
+        "([operations.md](operations.md#the-web-dashboard)).",
+        env=("SQLA_QUEUE_DASHBOARD_USER",),
+        default="admin",
+        resolved=False,
+    ),
+    _s(
+        "dashboard_password",
+        _OTHER,
+        "The password writes from `sqla-queue dashboard` need (requeue, cancel, retry now, "
+        "pause). Unset: the dashboard is read-only; there is no default password.",
+        env=("SQLA_QUEUE_DASHBOARD_PASSWORD",),
+        secret=True,
+        resolved=False,
+    ),
+    _s(
+        "dashboard_secret",
+        _OTHER,
+        "The key that signs the dashboard's session cookie. Unset: a random key per start "
+        "(a restart logs everyone out).",
+        env=("SQLA_QUEUE_DASHBOARD_SECRET",),
+        secret=True,
+        resolved=False,
+    ),
+    _s(
         "env",
         _OTHER,
         "The environment's name (upper-cased) in the label of the log lines pushed to "

@@ -92,7 +92,8 @@ def test_base_requirements_have_no_database_driver() -> None:
             extra = str(requirement.marker).split("==")[1].strip().strip("\"'")
         by_extra.setdefault(extra, set()).add(requirement.name.lower())
     # cronsim: the maintenance schedules' cron strings (pure Python, no dependencies)
-    assert by_extra[""] == {"sqlalchemy", "alembic", "requests", "click", "cronsim"}
+    # rich: sqla-queue status's tables (pure Python)
+    assert by_extra[""] == {"sqlalchemy", "alembic", "requests", "click", "cronsim", "rich"}
     assert by_extra["postgresql"] == {"psycopg"}
     assert by_extra["mysql"] == {"pymysql"}
     assert by_extra["singlestore"] == {"singlestoredb", "sqlalchemy-singlestoredb"}

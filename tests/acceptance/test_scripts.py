@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-TOOLS = ("pgbouncer", "psql", "mysql", "sqlite3", "java")
+TOOLS = ("pgbouncer", "psql", "mysql", "sqlite3", "java", "chromium", "chromedriver")
 JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
 # what the script itself runs, from this machine
 COMMANDS = ("bash", "dirname", "id", "mktemp", "rm", "cat", "env")
