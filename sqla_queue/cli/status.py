@@ -14,17 +14,20 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from ..exceptions import SqlaQueueError
-from ..inspect import STATES, QueueStatus, Timeline, describe_age, queue_status, task_timeline
 from .operations import _app
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
+    from ..inspect import QueueStatus, Timeline
+
+# rich and sqla_queue.inspect are imported by the commands that use them:
+# every other command (a worker's start, each CLI call) skips their import
 
 __all__ = ["cancel", "dashboard", "pause", "resume", "retry_now", "status"]
 
@@ -86,6 +89,8 @@ def status(
     oldest ready task's age, recent throughput and failures, running
     tasks, and on PostgreSQL the table's size, dead tuples and vacuum
     horizon."""
+    from ..inspect import queue_status, task_timeline
+
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
     if window.total_seconds() <= 0:
@@ -114,11 +119,15 @@ def status(
 def _console() -> Console:
     """The terminal's width; 200 columns into a pipe or a file (rich's 80
     would fold every name and message)."""
+    from rich.console import Console
+
     console = Console()
     return console if console.is_terminal else Console(width=200)
 
 
 def _watch(take: Callable[[], QueueStatus], interval: float) -> None:
+    from rich.live import Live
+
     stop = threading.Event()
     with Live(_render(take()), console=_console(), auto_refresh=False, screen=False) as live:
         try:
@@ -132,6 +141,12 @@ def _watch(take: Callable[[], QueueStatus], interval: float) -> None:
 
 
 def _render(status: QueueStatus) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..inspect import STATES
+
     parts: list[Any] = []
     counts = Table(title=f"queue {status.queue}", title_justify="left")
     counts.add_column("process", no_wrap=True)
@@ -209,6 +224,10 @@ def _render(status: QueueStatus) -> Group:
 
 
 def _render_timeline(timeline: Timeline) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(
         title=f"task {timeline.task_id}: chain {timeline.chain_id} ({timeline.process}), "
         f"{timeline.state}",
@@ -256,7 +275,10 @@ def _time(value: dt.datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-_age = describe_age
+def _age(seconds: float) -> str:
+    from ..inspect import describe_age
+
+    return describe_age(seconds)
 
 
 # ------------------------------------------------------------ actions
