@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, select, union_all
 from sqlalchemy.orm import DeclarativeBase, Session
 
-from .adapters import Adapter, adapter_for
+from .adapters import Adapter, adapter_of
 from .exceptions import ConfigurationError
 from .identifiers import split_table_name
 from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
@@ -149,8 +149,6 @@ class QueueClient:
     nsj-queue-lib's keyword names ``bd_conn``, ``queue_table`` and
     ``queue_subscriber_table`` are accepted too, so its calls port unchanged."""
 
-    _adapters: ClassVar[dict[tuple[str, int], Adapter]] = {}
-
     def __init__(
         self,
         session_or_connection: Session | Connection | None = None,
@@ -193,12 +191,7 @@ class QueueClient:
         return self.session_or_connection
 
     def _adapter(self, conn: Connection) -> Adapter:
-        key = (conn.dialect.name, id(self.table))
-        adapter = self._adapters.get(key)
-        if adapter is None:
-            channel = self.table.info.get("sqla_queue", {}).get("channel") or self.table.name
-            adapter = self._adapters[key] = adapter_for(conn.dialect, self.table, channel)
-        return adapter
+        return adapter_of(conn.dialect, self.table)
 
     # ------------------------------------------------------------- inserts
     def insert_task(self, *args: Any, **kwargs: Any) -> int:

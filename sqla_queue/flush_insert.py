@@ -36,13 +36,12 @@ from sqlalchemy import Table, inspect
 from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.sql import ClauseElement
 
-from .adapters import Adapter, adapter_for
+from .adapters import adapter_of
 from .mixins import QueueMixin
 
 __all__ = ["write_new_tasks"]
 
 _eligible_mappers: dict[Mapper[Any], bool] = {}
-_adapters: dict[tuple[str, int], Adapter] = {}
 _ENV = "SQLA_QUEUE_ORM_FAST_INSERT"
 _flag: tuple[str | None, bool] = (None, True)
 
@@ -98,15 +97,6 @@ def _cell(cell: Any) -> Any:
         return cell.cell_contents
     except ValueError:  # an empty cell
         return None
-
-
-def _adapter(dialect: Any, table: Table) -> Adapter:
-    key = (dialect.name, id(table))
-    adapter = _adapters.get(key)
-    if adapter is None:
-        channel = table.info.get("sqla_queue", {}).get("channel") or table.name
-        adapter = _adapters[key] = adapter_for(dialect, table, channel)
-    return adapter
 
 
 #: per mapper: (attribute key, column name, primary key?, filled by the
@@ -165,7 +155,7 @@ def write_new_tasks(session: Session, tasks: Iterable[QueueMixin]) -> None:
         conn = session.connection(bind_arguments={"mapper": mapper})
         table = mapper.local_table
         assert isinstance(table, Table)
-        new_id = _adapter(conn.dialect, table).task_insert_one(conn, row=row)
+        new_id = adapter_of(conn.dialect, table).task_insert_one(conn, row=row)
         pk = mapper.primary_key[0]
         state.dict[mapper.get_property_by_column(pk).key] = new_id
         session._register_persistent({state})

@@ -45,7 +45,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session
 
-from .adapters import Adapter, adapter_for
+from .adapters import Adapter, adapter_of
 from .adapters.base import TableHealth
 from .adapters.inspection import InspectionQueries
 from .client import resolve_table
@@ -394,7 +394,7 @@ def task_timeline(bind: Bind, queue: Queue, task_id: int) -> Timeline:
     has that id."""
     table = resolve_table(queue)
     with _connection(bind) as conn:
-        queries = InspectionQueries(_adapter(conn, table))
+        queries = _inspection(conn, table)
         row = queries.task_row(conn, task_id=task_id)
         if row is None:
             raise TaskNotFoundError(f"no task {task_id} in {_table_name(table)}")
@@ -426,7 +426,7 @@ def dead_letter(bind: Bind, queue: Queue, *, limit: int = 50) -> list[DeadTask]:
     up to ``limit``, each with the chain requeued from it if any."""
     table = resolve_table(queue)
     with _connection(bind) as conn:
-        rows = InspectionQueries(_adapter(conn, table)).dead_letters(conn, limit=limit * 3)
+        rows = _inspection(conn, table).dead_letters(conn, limit=limit * 3)
     requeued: dict[int, int] = {}
     for row in rows:
         if not row.dead:
@@ -451,7 +451,7 @@ def recent_copies(bind: Bind, queue: Queue, *, limit: int = 50) -> list[Attempt]
     the newest 100,000 attempts), newest first."""
     table = resolve_table(queue)
     with _connection(bind) as conn:
-        rows = InspectionQueries(_adapter(conn, table)).newest_copies(conn, limit=limit)
+        rows = _inspection(conn, table).newest_copies(conn, limit=limit)
     return [_attempt("copy", row) for row in rows]
 
 
@@ -489,16 +489,13 @@ def _connection(bind: Bind) -> Iterator[Connection]:
         )
 
 
-_adapters: dict[tuple[str, int], Adapter] = {}
-
-
 def _adapter(conn: Connection, table: Table) -> Adapter:
-    key = (conn.dialect.name, id(table))
-    adapter = _adapters.get(key)
-    if adapter is None:
-        channel = table.info.get("sqla_queue", {}).get("channel") or table.name
-        adapter = _adapters[key] = adapter_for(conn.dialect, table, channel, task_locks=False)
-    return adapter
+    # no task locks: the inspection reads and takes no task
+    return adapter_of(conn.dialect, table, task_locks=False)
+
+
+def _inspection(conn: Connection, table: Table) -> InspectionQueries:
+    return InspectionQueries(_adapter(conn, table))
 
 
 def _table_name(table: Table) -> str:

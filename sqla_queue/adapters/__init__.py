@@ -11,7 +11,7 @@ from ..exceptions import ConfigurationError, UnsupportedOperationError
 from ..types import dialect_family
 from .base import Adapter, ClaimFilter, ErrorKind, Listener
 
-__all__ = ["Adapter", "ClaimFilter", "ErrorKind", "Listener", "adapter_for"]
+__all__ = ["Adapter", "ClaimFilter", "ErrorKind", "Listener", "adapter_for", "adapter_of"]
 
 # imported on first use: a worker loads only its own database's adapter
 _ADAPTERS = {
@@ -64,3 +64,21 @@ def adapter_for(
         claim_filter=claim_filter,
         in_caller_transaction=in_caller_transaction,
     )
+
+
+# (dialect name, the table's id, task locks) -> the adapter adapter_of made
+_shared: dict[tuple[str, int, bool], Adapter] = {}
+
+
+def adapter_of(dialect: Dialect | str, table: Table, *, task_locks: bool = True) -> Adapter:
+    """The one adapter per table and dialect that code outside a worker
+    shares: the flush hook, :class:`~sqla_queue.QueueClient`, the inspection
+    and the operator's actions. Its channel is the table's (``info``) or the
+    table's name; it claims nothing, so it takes no claim filter."""
+    name = dialect if isinstance(dialect, str) else dialect.name
+    key = (name, id(table), task_locks)
+    adapter = _shared.get(key)
+    if adapter is None or adapter.table is not table:  # a reused id: a new table
+        channel = table.info.get("sqla_queue", {}).get("channel") or table.name
+        adapter = _shared[key] = adapter_for(dialect, table, channel, task_locks=task_locks)
+    return adapter

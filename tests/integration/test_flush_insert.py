@@ -40,8 +40,10 @@ def test_a_task_written_by_the_fast_path_is_a_flushed_persistent_object(
 ) -> None:
     assert flush_insert._eligible(inspect(app.Task))
     written: list[Any] = []
-    real = flush_insert._adapter
-    monkeypatch.setattr(flush_insert, "_adapter", lambda *args: written.append(args) or real(*args))
+    real = flush_insert.adapter_of
+    monkeypatch.setattr(
+        flush_insert, "adapter_of", lambda *args: written.append(args) or real(*args)
+    )
     with Session(engine) as session, session.begin():
         task = app.Task(process="faturar", payload={"invoice": 7}, priority=80)
         session.add(task)
