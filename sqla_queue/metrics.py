@@ -40,7 +40,9 @@ prometheus-client is in the ``metrics`` extra (``sqla-queue[metrics]``).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,6 +82,9 @@ _SECONDS_BUCKETS = (
     60.0, 300.0, 900.0, 3600.0,
 )  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+# the same bounds as durations, to bisect a wait without converting it
+_WAIT_BUCKETS = tuple(dt.timedelta(seconds=bound) for bound in _SECONDS_BUCKETS)
+_ZERO = dt.timedelta(0)
 
 
 def _prometheus() -> Any:
@@ -101,23 +106,11 @@ class QueueMetrics:
         self.queue = queue
         self.registry = registry if registry is not None else prometheus.REGISTRY
         kw = {"registry": self.registry}
-        self.tasks = prometheus.Counter(
-            "sqla_queue_tasks", "Task attempts by outcome", ["queue", "process", "outcome"], **kw
-        )
-        self.duration = prometheus.Histogram(
-            "sqla_queue_task_duration_seconds",
-            "How long a task's handler ran",
-            ["queue", "process"],
-            buckets=_SECONDS_BUCKETS,
-            **kw,
-        )
-        self.wait = prometheus.Histogram(
-            "sqla_queue_task_wait_seconds",
-            "From ready (data_hora) to claimed (started_at)",
-            ["queue", "process"],
-            buckets=_SECONDS_BUCKETS,
-            **kw,
-        )
+        # per task: counted here, one lock per event, read when scraped
+        # (prometheus-client's Counter and Histogram took five locks and a
+        # scan of the buckets per task)
+        self._figures = _TaskFigures(queue)
+        self.registry.register(self._figures)
         self.batch = prometheus.Histogram(
             "sqla_queue_batch_size",
             "Tasks per committed batch",
@@ -136,9 +129,6 @@ class QueueMetrics:
         )
         self._lanes = _LaneCollector(queue, prometheus)
         self.registry.register(self._lanes)
-        # labelled children by (process, outcome): labels() costs a lookup per call
-        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-        self._lock = threading.Lock()
         self._hooks: Hooks | None = None
         self._observers: list[tuple[str, Callable[[Any], None]]] = [
             *((event, self._on_task) for event in OUTCOMES),
@@ -164,9 +154,7 @@ class QueueMetrics:
                 self._hooks.remove(event, observer)
             self._hooks = None
         for collector in (
-            self.tasks,
-            self.duration,
-            self.wait,
+            self._figures,
             self.batch,
             self.routines,
             self.reconnects,
@@ -175,31 +163,18 @@ class QueueMetrics:
             self.registry.unregister(collector)
 
     # ------------------------------------------------------------ observers
-    def _child(self, process: str, outcome: str) -> tuple[Any, Any, Any]:
-        key = (process, outcome)
-        child = self._children.get(key)
-        if child is None:
-            with self._lock:
-                child = self._children[key] = (
-                    self.tasks.labels(self.queue, process, outcome),
-                    self.duration.labels(self.queue, process),
-                    self.wait.labels(self.queue, process),
-                )
-        return child
-
     def _on_task(self, event: TaskEvent) -> None:
         task = event.task
-        counter, duration, wait = self._child(task.process or "", OUTCOMES[event.event])
-        counter.inc()
         seconds = event.seconds
+        wait = None
         if seconds is not None:
-            duration.observe(seconds)
             ready = task.run_at
             if ready is not None:
                 # started_at where the claim returned it (not on the MySQL
                 # family): else the handler's start, a moment after the claim
                 started = task.started_at or utcnow() - dt.timedelta(seconds=seconds)
-                wait.observe(max(0.0, (started - ready).total_seconds()))
+                wait = started - ready
+        self._figures.add(task.process or "", OUTCOMES[event.event], seconds, wait)
 
     def _on_batch(self, event: BatchEvent) -> None:
         # the tasks whose outcome the batch committed (a batch whose claim
@@ -214,6 +189,123 @@ class QueueMetrics:
 
     def _on_reconnect(self, event: LaneEvent) -> None:
         self.reconnects.labels(self.queue).inc()
+
+
+class _Tally:
+    """One thread's counts: by (process, outcome), and per process the
+    duration and wait histograms' bucket counts (the last is +Inf) and sums."""
+
+    __slots__ = ("counts", "seconds")
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.seconds: dict[str, tuple[list[int], list[float], list[int], list[dt.timedelta]]] = {}
+
+
+class _Histograms:
+    """Summed over threads: a process's duration (0) and wait (1) buckets."""
+
+    def __init__(self) -> None:
+        empty = len(_SECONDS_BUCKETS) + 1
+        self.buckets = ([0] * empty, [0] * empty)
+        self.sums = [0.0, 0.0]
+
+    def add(self, which: int, buckets: list[int], total: float) -> None:
+        mine = self.buckets[which]
+        for index, n in enumerate(buckets):
+            mine[index] += n
+        self.sums[which] += total
+
+
+class _TaskFigures:
+    """``sqla_queue_tasks_total``, ``sqla_queue_task_duration_seconds`` and
+    ``sqla_queue_task_wait_seconds``: plain counts, one tally per lane
+    thread (no lock, no contention), summed into Prometheus families when
+    scraped. prometheus-client's Counter and Histogram took five locks and
+    a scan of the buckets per task."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self._local = threading.local()
+        self._lock = threading.Lock()  # guards _tallies
+        self._tallies: list[_Tally] = []  # a finished thread's too: counters never go down
+
+    def _tally(self) -> _Tally:
+        tally = _Tally()
+        self._local.tally = tally
+        with self._lock:
+            self._tallies.append(tally)
+        return tally
+
+    def add(
+        self, process: str, outcome: str, seconds: float | None, wait: dt.timedelta | None
+    ) -> None:
+        try:
+            tally: _Tally = self._local.tally
+        except AttributeError:
+            tally = self._tally()
+        key = (process, outcome)
+        tally.counts[key] = tally.counts.get(key, 0) + 1
+        if seconds is None:
+            return
+        figures = tally.seconds.get(process)
+        if figures is None:
+            empty = len(_SECONDS_BUCKETS) + 1
+            figures = tally.seconds[process] = ([0] * empty, [0.0], [0] * empty, [_ZERO])
+        figures[0][bisect_left(_SECONDS_BUCKETS, seconds)] += 1
+        figures[1][0] += seconds
+        if wait is not None:
+            if wait < _ZERO:  # clocks: a claim cannot precede readiness
+                wait = _ZERO
+            figures[2][bisect_left(_WAIT_BUCKETS, wait)] += 1
+            figures[3][0] += wait
+
+    def _sums(self) -> tuple[dict[tuple[str, str], int], dict[str, _Histograms]]:
+        # copies of another thread's dicts and lists are atomic under the
+        # GIL; a scrape may miss the observation being added, no more
+        with self._lock:
+            tallies = list(self._tallies)
+        counts: dict[tuple[str, str], int] = {}
+        histograms: dict[str, _Histograms] = {}
+        for tally in tallies:
+            for key, n in dict(tally.counts).items():
+                counts[key] = counts.get(key, 0) + n
+            for process, figures in dict(tally.seconds).items():
+                durations, duration_sum, waits, wait_sum = figures
+                total = histograms.setdefault(process, _Histograms())
+                total.add(0, list(durations), duration_sum[0])
+                total.add(1, list(waits), wait_sum[0].total_seconds())
+        return counts, histograms
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        counts, histograms = self._sums()
+        tasks = CounterMetricFamily(
+            "sqla_queue_tasks", "Task attempts by outcome", labels=["queue", "process", "outcome"]
+        )
+        for (process, outcome), n in sorted(counts.items()):
+            tasks.add_metric([self.queue, process, outcome], n)
+        yield tasks
+        # prometheus-client's spelling of these bounds ("0.001", "1.0", "3600.0")
+        bounds = [repr(float(b)) for b in _SECONDS_BUCKETS] + ["+Inf"]
+        for index, (name, doc) in enumerate(
+            (
+                ("sqla_queue_task_duration_seconds", "How long a task's handler ran"),
+                ("sqla_queue_task_wait_seconds", "From ready (data_hora) to claimed (started_at)"),
+            )
+        ):
+            family = HistogramMetricFamily(name, doc, labels=["queue", "process"])
+            for process, summed in sorted(histograms.items()):
+                family.add_metric(
+                    [self.queue, process],
+                    list(zip(bounds, itertools.accumulate(summed.buckets[index]), strict=True)),
+                    sum_value=summed.sums[index],
+                )
+            yield family
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
 
 
 class _LaneCollector:

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+import threading
 from pathlib import Path
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
+from sqla_queue.hooks import TASK_FAILED, TASK_SUCCEEDED, Hooks, TaskEvent
 from sqla_queue.metrics import QueueMetrics
+from sqla_queue.records import TaskRecord
+from sqla_queue.types import utcnow
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _record(process: str = "p", waited: float = 0.25) -> TaskRecord:
+    started = utcnow()
+    return TaskRecord(
+        id=1, process=process, run_at=started - dt.timedelta(seconds=waited), started_at=started
+    )
 
 
 def served(families: bool = False) -> set[str]:
@@ -19,9 +33,9 @@ def served(families: bool = False) -> set[str]:
     registry = CollectorRegistry()
     metrics = QueueMetrics("fila", registry=registry)
     # one sample of each labelled family, so that every name is listed
-    metrics.tasks.labels("fila", "p", "succeeded").inc()
-    metrics.duration.labels("fila", "p").observe(0.1)
-    metrics.wait.labels("fila", "p").observe(0.1)
+    hooks = Hooks()
+    metrics.attach(hooks)
+    hooks.emit([TaskEvent(TASK_SUCCEEDED, _record(), None, 0.1)])
     metrics.batch.labels("fila").observe(1)
     metrics.routines.labels("fila", "rescue", "ok").inc()
     metrics.reconnects.labels("fila").inc()
@@ -44,3 +58,80 @@ def test_the_docs_table_lists_every_served_family() -> None:
     text = (DOCS / "operations.md").read_text()
     listed = set(re.findall(r"^\| `(sqla_queue_\w+)`", text, re.MULTILINE))
     assert listed == served(families=True)
+
+
+def test_task_figures_read_as_prometheus_clients_own_would() -> None:
+    """The per-task figures are counted by sqla-queue, not by
+    prometheus-client's Counter and Histogram: the samples must be theirs."""
+    ours = CollectorRegistry()
+    hooks = Hooks()
+    QueueMetrics("fila", registry=ours).attach(hooks)
+    theirs = CollectorRegistry()
+    from prometheus_client import Counter, Histogram
+
+    from sqla_queue.metrics import _SECONDS_BUCKETS
+
+    tasks = Counter("sqla_queue_tasks", "", ["queue", "process", "outcome"], registry=theirs)
+    histograms = [
+        Histogram(name, "", ["queue", "process"], buckets=_SECONDS_BUCKETS, registry=theirs)
+        for name in ("sqla_queue_task_duration_seconds", "sqla_queue_task_wait_seconds")
+    ]
+    # on a bound, between bounds, past the last, zero; two processes, two outcomes
+    for process, event, seconds, waited in [
+        ("a", TASK_SUCCEEDED, 0.001, 0.0),
+        ("a", TASK_SUCCEEDED, 0.0031, 1.0),
+        ("a", TASK_FAILED, 7200.0, 0.5),
+        ("b", TASK_SUCCEEDED, 0.0, 3600.0),
+    ]:
+        hooks.emit([TaskEvent(event, _record(process, waited), None, seconds)])
+        tasks.labels("fila", process, "failed" if event == TASK_FAILED else "succeeded").inc()
+        histograms[0].labels("fila", process).observe(seconds)
+        histograms[1].labels("fila", process).observe(waited)
+    hooks.emit([TaskEvent(TASK_SUCCEEDED, _record("c"))])  # did not run here: counted only
+    tasks.labels("fila", "c", "succeeded").inc()
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[Any, ...]], float]:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in registry.collect()
+            if family.name.startswith(("sqla_queue_tasks", "sqla_queue_task_"))
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        }
+
+    expected = samples(theirs)
+    got = samples(ours)
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_lanes_counting_at_once_lose_no_task_and_a_finished_lane_still_counts() -> None:
+    registry = CollectorRegistry()
+    hooks = Hooks()
+    QueueMetrics("fila", registry=registry).attach(hooks)
+    start = threading.Barrier(4)
+
+    def lane() -> None:
+        start.wait()
+        for _ in range(5_000):
+            hooks.emit([TaskEvent(TASK_SUCCEEDED, _record(), None, 0.002)])
+
+    threads = [threading.Thread(target=lane) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # every lane has ended: its tally stays
+    labels = {"queue": "fila", "process": "p"}
+    assert (
+        registry.get_sample_value("sqla_queue_tasks_total", {**labels, "outcome": "succeeded"})
+        == 20_000
+    )
+    assert registry.get_sample_value("sqla_queue_task_duration_seconds_count", labels) == 20_000
+    assert registry.get_sample_value(
+        "sqla_queue_task_duration_seconds_sum", labels
+    ) == pytest.approx(40.0)
+    assert (
+        registry.get_sample_value("sqla_queue_task_wait_seconds_bucket", {**labels, "le": "0.25"})
+        == 20_000
+    )
