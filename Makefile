@@ -31,6 +31,10 @@ quickstart: $(VENV)/.installed-base
 test: $(VENV)/.installed-dev
 	scripts/install-test-deps.sh
 	scripts/start-databases.sh
+	@# bytecode written now, once: the suite starts a few hundred Python
+	@# subprocesses (workers, the CLI), and where PYTHONDONTWRITEBYTECODE is
+	@# set (it is on these machines) each compiled sqla-queue again (0.2 s)
+	$(PY) -m compileall -q sqla_queue tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # the fuzz and flood tests with many more generated inputs than make test runs

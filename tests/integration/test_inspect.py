@@ -392,6 +392,9 @@ def cli(*args: str, table: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# the commands are the same on every database once the functions they call
+# are (tested on all three above): PostgreSQL and SQLite (the default)
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
 def test_status_json_and_task_and_the_action_commands(
     engine: Engine, app: App, installed: None, db_url: str
 ) -> None:

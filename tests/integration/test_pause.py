@@ -72,6 +72,9 @@ def statuses(engine: Engine, app: App, process: str) -> dict[str, int]:
         return {status: n for status, n in rows}
 
 
+# a fleet of worker processes and the CLI: PostgreSQL and SQLite (the
+# embedded default); the same statements on MariaDB are in the tests below
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
 def test_a_paused_process_waits_across_the_fleet_until_resumed(
     engine: Engine, app: App, installed: None, db_url: str
 ) -> None:
