@@ -36,6 +36,23 @@ from typing import Any
 TASKS = 20_000
 
 
+def load_noop_tasks(engine: Any, table: str, count: int = TASKS) -> None:
+    """``count`` pending no-op tasks in ``table`` (emptied first), then
+    VACUUM ANALYZE: every run starts from the same table."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {table}"))
+        conn.execute(
+            text(
+                f"INSERT INTO {table} (processo, payload) "
+                f"SELECT 'noop', '{{\"n\": 1}}' FROM generate_series(1, {count})"
+            )
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM ANALYZE {table}"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("checkout", type=Path, help="a sqla-queue source tree")
@@ -68,15 +85,7 @@ def main() -> int:
     engine = create_engine(args.url)
     Base.metadata.drop_all(engine)
     Base.metadata.create_all(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                f"INSERT INTO {args.table} (processo, payload) "
-                f"SELECT 'noop', '{{\"n\": 1}}' FROM generate_series(1, {TASKS})"
-            )
-        )
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"VACUUM ANALYZE {args.table}"))
+    load_noop_tasks(engine, args.table)
     engine.dispose()
 
     if args.metrics:

@@ -33,6 +33,7 @@ from .types import utcnow
 from .validation import check_columns
 
 if TYPE_CHECKING:
+    from .progress import Progress
     from .requeue import Requeued
 
 __all__ = ["QueueClient", "resolve_table"]
@@ -261,13 +262,15 @@ class QueueClient:
         all_dead: bool = False,
         limit: int = 10_000,
         dry_run: bool = False,
+        progress: Progress | None = None,
     ) -> list[Requeued]:
         """Run dead tasks again: each matching dead-letter run's task gets a
         new chain (``pendente``, attempt 1, its payload kept) linked to the
         old one by ``id_anterior`` and ``live_id``; a task is requeued once.
         ``ids`` are dead-letter rows' or original tasks' ids; ``since`` and
         ``until`` bound when the task went dead. Returns what was (with
-        ``dry_run``: would be) requeued. In the caller's transaction."""
+        ``dry_run``: would be) requeued. In the caller's transaction.
+        ``progress``: see :mod:`sqla_queue.progress`."""
         from .requeue import requeue_dead
 
         conn = self.connection
@@ -281,6 +284,7 @@ class QueueClient:
             all_dead=all_dead,
             limit=limit,
             dry_run=dry_run,
+            progress=progress,
         )
 
     # ------------------------------------------------------------- operator

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, false, select, true
 from .adapters import Adapter
 from .exceptions import ConfigurationError
 from .mixins import Status
+from .progress import Progress
 from .records import TaskRecord
 from .rows import carried_columns
 
@@ -38,6 +39,8 @@ __all__ = ["Requeued", "requeue_dead"]
 
 #: heads requeued per call at most (call again for more)
 MAX_REQUEUE = 10_000
+#: rows per insert of a requeue (its progress is reported after each)
+REQUEUE_CHUNK = 1_000
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ def requeue_dead(
     all_dead: bool = False,
     limit: int = MAX_REQUEUE,
     dry_run: bool = False,
+    progress: Progress | None = None,
 ) -> list[Requeued]:
-    """Requeue the dead tasks that match, on ``conn`` (no commit)."""
+    """Requeue the dead tasks that match, on ``conn`` (no commit);
+    ``progress`` is told after each chunk of :data:`REQUEUE_CHUNK`."""
     id_list = None if ids is None else sorted({int(i) for i in ids})
     if id_list is None and process is None and since is None and until is None and not all_dead:
         raise ConfigurationError("requeue_dead needs ids, a process, a time range, or all_dead")
@@ -91,7 +96,11 @@ def requeue_dead(
         return [Requeued(h.id, h.live_id, h.process, None) for h in todo]
     payloads = _original_payloads(conn, adapter, [h for h in todo if h.payload_text is None])
     rows = [_requeued_row(head, payloads) for head in todo]
-    new_ids = adapter.task_insert_many(conn, rows=rows)
+    new_ids: list[int] = []
+    for start in range(0, len(rows), REQUEUE_CHUNK):
+        new_ids += adapter.task_insert_many(conn, rows=rows[start : start + REQUEUE_CHUNK])
+        if progress is not None:
+            progress(len(new_ids), len(rows), f"requeued {len(new_ids)}")
     return [
         Requeued(head.id, head.live_id, head.process, new_id)
         for head, new_id in zip(todo, new_ids, strict=True)

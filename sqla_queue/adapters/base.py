@@ -22,11 +22,10 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from sqlalchemy import (
     Connection,
@@ -161,10 +160,17 @@ class TableHealth:
     horizon_others: tuple[str, ...] = ()
 
 
+class Wake(Protocol):
+    """What a listener calls when work may have arrived: a worker's lane
+    wake-up (``worker/wakeup.py``) or a ``threading.Event``."""
+
+    def set(self) -> None: ...
+
+
 class Listener:
     """Wakes idle lanes when the database says work arrived."""
 
-    def start(self, wake: threading.Event) -> None:
+    def start(self, wake: Wake) -> None:
         raise NotImplementedError
 
     def stop(self) -> None:

@@ -55,6 +55,7 @@ from .base import (
     Listener,
     TableHealth,
     VacuumState,
+    Wake,
     driver_cursor,
     statements_unobserved,
 )
@@ -656,7 +657,7 @@ class PostgresListener(Listener):
         self._thread: threading.Thread | None = None
         self.listening = threading.Event()
 
-    def start(self, wake: threading.Event) -> None:
+    def start(self, wake: Wake) -> None:
         self._thread = threading.Thread(
             target=self._run, args=(wake,), name=f"sqla-queue-listen-{self.channel}", daemon=True
         )
@@ -676,7 +677,7 @@ class PostgresListener(Listener):
         dbapi_conn.execute(f'LISTEN "{self.channel}"')
         return dbapi_conn
 
-    def _run(self, wake: threading.Event) -> None:
+    def _run(self, wake: Wake) -> None:
         while not self._stop.is_set():
             try:
                 conn = self._connect()

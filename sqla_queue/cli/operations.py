@@ -24,6 +24,7 @@ from ..redaction import describe_error
 from ..resolution import resolve, show
 from ..settings import Settings, normalize_url
 from .loading import load_worker
+from .progress import progress_bar
 
 __all__ = ["config", "maintenance", "requeue"]
 
@@ -78,8 +79,8 @@ def run(routine: str, worker: str, url: str | None, dry_run: bool) -> None:
     """Run ROUTINE (rescue, schedule, purge, ttl) of WORKER's queue once, now,
     and print what it did. It takes no lock: the routines are safe beside
     running workers."""
-    with _app(worker, url) as app:
-        result = app.maintenance.run_now(routine, dry_run=dry_run)
+    with _app(worker, url) as app, progress_bar(routine) as progress:
+        result = app.maintenance.run_now(routine, dry_run=dry_run, progress=progress)
     click.echo(result.describe())
     if result.error:
         raise click.ClickException(f"{routine} stopped: {result.error}")
@@ -116,15 +117,17 @@ def requeue(
     with _app(worker, url) as app, app.engine.connect() as conn:
         transaction = conn.begin()
         try:
-            done = QueueClient(conn, app.adapter.table).requeue_dead(
-                ids or None,
-                process=process,
-                since=since,
-                until=until,
-                all_dead=all_dead,
-                limit=limit,
-                dry_run=dry_run,
-            )
+            with progress_bar("requeue") as progress:
+                done = QueueClient(conn, app.adapter.table).requeue_dead(
+                    ids or None,
+                    process=process,
+                    since=since,
+                    until=until,
+                    all_dead=all_dead,
+                    limit=limit,
+                    dry_run=dry_run,
+                    progress=progress,
+                )
         except BaseException:
             transaction.rollback()
             raise

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 
 from ..adapters import Adapter
 from ..adapters.maintenance import MaintenanceQueries
+from ..progress import Progress, describe_counts
 from .clock import Clock, SystemClock
 from .timing import Schedule
 
@@ -38,7 +39,7 @@ class RoutineResult:
 
     def describe(self) -> str:
         """One line for logs and the command's output."""
-        what = ", ".join(f"{name.replace('_', ' ')} {count}" for name, count in self.counts.items())
+        what = describe_counts(self.counts)
         head = f"{self.routine}{' (dry run)' if self.dry_run else ''}: {what or 'nothing to do'}"
         tail = f"; stopped: {self.error}" if self.error else ""
         return f"{head} in {self.seconds:.2f} s{tail}"
@@ -59,14 +60,26 @@ class Routine(abc.ABC):
         # one round at a time in this process (the start-up rescue and the
         # scheduled one share the routine), so it needs one connection at most
         self._running = threading.Lock()
+        # the round's progress report (run_once's caller's; set under _running)
+        self._progress: Progress | None = None
 
-    def run_once(self, *, dry_run: bool = False) -> RoutineResult:
-        """One round now; ``dry_run`` counts what it would do and changes nothing."""
+    def run_once(self, *, dry_run: bool = False, progress: Progress | None = None) -> RoutineResult:
+        """One round now; ``dry_run`` counts what it would do and changes
+        nothing; ``progress`` is told the round's counts after each chunk."""
         started = time.perf_counter()
         with self._running:
-            result = self._round(dry_run)
+            self._progress = progress
+            try:
+                result = self._round(dry_run)
+            finally:
+                self._progress = None
         result.seconds = time.perf_counter() - started
         return result
+
+    def _advanced(self, done: int, counts: dict[str, int]) -> None:
+        """A chunk is done: ``done`` items of the round so far."""
+        if self._progress is not None:
+            self._progress(done, None, describe_counts(counts))
 
     @abc.abstractmethod
     def _round(self, dry_run: bool) -> RoutineResult: ...

@@ -149,6 +149,7 @@ class PurgeRoutine(Routine):
                     counts["chunks"] += 1
                     counts["chains"] += len(chunk)
                     counts["rows"] += deleted
+                    self._advanced(counts["rows"], counts)
                 if error is not None:
                     break
         return RoutineResult(self.name, counts, dry_run=dry_run, error=error)

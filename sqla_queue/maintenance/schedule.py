@@ -86,6 +86,7 @@ class ScheduleRoutine(Routine):
                         stale = self.queries.pending_stale_exists(conn, before=before)
                     if last and (promoted or stale) and self.adapter.supports_notify:
                         self.adapter.notify(conn)
+                self._advanced(promoted, {"promoted": promoted})
                 if last:
                     break
             else:  # the round's chunks ran out with rows still due: wake anyway

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..progress import Progress
 from ..redaction import describe_error
 from .base import Routine, RoutineResult
 from .clock import Clock, SystemClock
@@ -74,10 +75,13 @@ class Maintenance:
             known = ", ".join(sorted(self.routines))
             raise KeyError(f"no routine {name!r} (routines: {known})") from None
 
-    def run_now(self, name: str, *, dry_run: bool = False) -> RoutineResult:
+    def run_now(
+        self, name: str, *, dry_run: bool = False, progress: Progress | None = None
+    ) -> RoutineResult:
         """One round of ``name`` now, without its lock (routines survive
-        running beside another worker's round)."""
-        return self.routine(name).run_once(dry_run=dry_run)
+        running beside another worker's round); ``progress``: see
+        :mod:`sqla_queue.progress`."""
+        return self.routine(name).run_once(dry_run=dry_run, progress=progress)
 
     # ------------------------------------------------------------ threads
     def start(self) -> None:

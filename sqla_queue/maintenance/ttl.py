@@ -88,6 +88,7 @@ class TtlRoutine(Routine):
                     self.adapter.task_insert_many(conn, rows=rows)
                 expired += done
                 dead_letters += len(rows)
+                self._advanced(expired, {"expired": expired, "dead_letters": dead_letters})
                 if len(ids) < config.chunk:
                     break
         counts = {"expired": expired}

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from ..adapters import Listener
+from ..adapters.base import Wake
 from ..exceptions import ConfigurationError, SqlaQueueError
 from ..redaction import describe_error
 from ..settings import ServerSettings
@@ -215,7 +216,7 @@ class ServerWakeups(Listener):
         self._conn: ServerConnection | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, wake: threading.Event) -> None:
+    def start(self, wake: Wake) -> None:
         """Connect once before returning: a refused client (wrong secret,
         another queue) stops the worker here; an absent server does not."""
         try:
@@ -254,7 +255,7 @@ class ServerWakeups(Listener):
         self._conn = conn
         self.listening.set()
 
-    def _run(self, wake: threading.Event) -> None:
+    def _run(self, wake: Wake) -> None:
         delay = RECONNECT_MIN_SECONDS
         while not self._stop.is_set():
             if self._conn is None:
@@ -285,7 +286,7 @@ class ServerWakeups(Listener):
     def where(self) -> str:
         return f"{self.settings.host}:{self.settings.notify_port}"
 
-    def _listen(self, conn: ServerConnection, wake: threading.Event) -> None:
+    def _listen(self, conn: ServerConnection, wake: Wake) -> None:
         """Set ``wake`` on every wake; ping a silent server, and give it up
         when a ping goes unanswered (a server host that vanished)."""
         ping_every = self.settings.keepalive_seconds / 3

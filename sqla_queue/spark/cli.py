@@ -162,6 +162,7 @@ def enqueue(
     """Enqueue one task per row of SOURCE (a path Spark reads)."""
 
     def job() -> Any:
+        from ..cli.progress import progress_bar
         from .enqueue import enqueue_dataframe
         from .progress import Progress
 
@@ -169,7 +170,7 @@ def enqueue(
         options = _pairs(source_options, "--option")
         with _session(master, jdbc_jars, conf, database, jdbc=False) as session:
             frame = session.read.format(source_format).options(**options).load(source)
-            with Progress(session, "enqueue", _echo):
+            with progress_bar("enqueue") as bar, Progress(session, "enqueue", _echo, report=bar):
                 return enqueue_dataframe(
                     frame,
                     database,
@@ -211,13 +212,15 @@ def report(
     """Figures of the queue table per process, tenant and day: Parquet and report.md."""
 
     def job() -> Any:
+        from ..cli.progress import progress_bar
         from .analytics import queue_report
         from .progress import Progress
 
         database = _url(url, table)
         with (
             _session(master, jdbc_jars, conf, database, jdbc=True) as session,
-            Progress(session, "report", _echo),
+            progress_bar("report") as bar,
+            Progress(session, "report", _echo, report=bar),
         ):
             return queue_report(
                 session, database, table, out, partitions=partitions, slowest=slowest
@@ -253,6 +256,7 @@ def archive(
     """Archive whole chains older than the retention to PATH, then delete them."""
 
     def job() -> Any:
+        from ..cli.progress import progress_bar
         from .archive import archive_chains
         from .progress import Progress
 
@@ -260,7 +264,8 @@ def archive(
         retention = _retention(retention_days)
         with (
             _session(master, jdbc_jars, conf, database, jdbc=True) as session,
-            Progress(session, "archive", _echo),
+            progress_bar("archive") as bar,
+            Progress(session, "archive", _echo, report=bar),
         ):
             return archive_chains(
                 session,

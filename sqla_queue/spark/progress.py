@@ -2,7 +2,9 @@
 
 A thread polls Spark's status tracker every ``interval`` seconds and prints
 a line when a stage's completed tasks change: the commands' progress, on
-any master (the console progress bar is off: it draws over log lines).
+any master (Spark's console progress bar is off: it draws over log lines).
+Given a ``report`` (the CLI's bar on a terminal, :mod:`sqla_queue.progress`),
+it is told the tasks done of every stage seen so far instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from ..progress import Progress as Report
 
 __all__ = ["Progress"]
 
@@ -29,6 +33,8 @@ class Progress:
         label: str,
         echo: Callable[[str], None],
         interval: float = INTERVAL_SECONDS,
+        *,
+        report: Report | None = None,
     ) -> None:
         self.tracker = spark.sparkContext.statusTracker()
         self.label = label
@@ -37,6 +43,7 @@ class Progress:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqla-queue-progress", daemon=True)
         self._seen: dict[int, tuple[int, int]] = {}
+        self.report = report
 
     def __enter__(self) -> Progress:
         self._thread.start()
@@ -69,5 +76,11 @@ class Progress:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            for line in self.poll():
-                self.echo(line)
+            lines = self.poll()
+            if self.report is None:
+                for line in lines:
+                    self.echo(line)
+            elif lines:
+                done = sum(completed for completed, _ in self._seen.values())
+                total = sum(tasks for _, tasks in self._seen.values())
+                self.report(done, total, f"Spark tasks, {len(self._seen)} stage(s)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from typing import Any
 
 from sqlalchemy import Connection, Engine, inspect
@@ -46,6 +45,7 @@ from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter
 from . import providers
 from .contract import Worker
+from .wakeup import LaneWakeup
 
 __all__ = ["QueueApp"]
 
@@ -142,8 +142,8 @@ class QueueApp:
             lease_for=self._lease_for(),
             hooks=self.hooks,
         )
-        #: set to wake idle lanes (the schedule routine sets it too)
-        self.wake = threading.Event()
+        #: wakes idle lanes, one a call (the schedule routine calls it too)
+        self.wake = LaneWakeup(self.concurrency)
         self.clock = clock or SystemClock()
         self.maintenance = Maintenance(
             build_routines(

@@ -8,11 +8,12 @@ connections; ``--concurrency N`` runs N lanes. For CPU-bound handlers run
 more processes: workers share nothing but the database, so any number of
 processes on any number of machines consume one queue with no central node.
 
-Idle lanes wait on one event, set by the PostgreSQL LISTEN thread when a
-task is enqueued (NOTIFY is delivered after commit) and by the schedule
-routine when it promotes due scheduled tasks, and otherwise by a timeout:
-the fallback poll (a lost notification delays a task by seconds, not
-forever), or the polling interval on databases without NOTIFY.
+Idle lanes wait to be woken, one lane per wake-up (``wakeup.py``): by the
+PostgreSQL LISTEN thread when a task is enqueued (NOTIFY is delivered after
+commit), by the schedule routine when it promotes due scheduled tasks, by a
+lane whose claim filled its batch (there may be more), and otherwise by a
+timeout: the fallback poll (a lost notification delays a task by seconds,
+not forever), or the polling interval on databases without NOTIFY.
 
 The first SIGTERM or SIGINT stops gracefully: running handlers finish, their
 batch commits, and claimed tasks not yet started go back to ``pendente``.
@@ -262,12 +263,12 @@ class Runner:
                 logger.info("no process is paused any more")
             self._paused = paused
             self.app.pause_claims(paused)
-            self.wake.set()
+            self.wake.set_all()
 
     def stop(self) -> None:
         """Finish running tasks, hand back the rest, and return from run()."""
         self.stopping.set()
-        self.wake.set()
+        self.wake.set_all()
 
     def _install_signal_handlers(self) -> Any:
         if threading.current_thread() is not threading.main_thread():
@@ -342,9 +343,12 @@ class Runner:
                 # reconnect, whatever the schedule and the lock say
                 self.maintenance.run_now("rescue")
             while not self.stopping.is_set():
-                self.wake.clear()
-                tasks = manager.claim(claim_conn, limit=limit.value)
+                batch = limit.value
+                tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
+                    full = len(tasks) >= batch
+                    if full:
+                        self.wake.set()  # more may wait: one more lane looks
                     self.busy[index] = True
                     try:
                         result = manager.run_batch(
@@ -353,25 +357,33 @@ class Runner:
                     finally:
                         self.busy[index] = False
                     limit.record(result.succeeded + result.failed, result.seconds)
+                    if full or self.burst or not self._pushed():
+                        continue  # claim again at once
+                    # the claim took all there was: what arrived since has
+                    # sent a wake-up (kept if no lane waited), so wait for it
+                    # rather than run a claim that is most likely empty
                 elif self.burst:
                     # a due scheduled task is ready too: promote it now
                     if self.maintenance.run_now("schedule").counts.get("promoted"):
                         continue
                     return
-                else:
-                    timeout = self._idle_timeout()
-                    if index == 0 and not self._trimmed:
-                        self._trimmed = True
-                        _return_free_memory()
-                    self.wake.wait(timeout)
+                if index == 0 and not self._trimmed:
+                    self._trimmed = True
+                    _return_free_memory()
+                self.wake.wait(self._idle_timeout())
+
+    def _pushed(self) -> bool:
+        """Whether wake-ups are pushed now (LISTEN, or the queue server,
+        connected), rather than found by polling."""
+        listening = getattr(self.listener, "listening", None)
+        return listening is not None and bool(listening.is_set())
 
     def _idle_timeout(self) -> float:
         # the long fallback only while something will wake us: LISTEN, or the
         # queue server, connected; else (none, or lost) poll the database.
         # Due scheduled tasks: the schedule routine promotes them and sets
         # the wake event (and, on PostgreSQL, NOTIFYs the other workers)
-        listening = getattr(self.listener, "listening", None)
-        if listening is not None and listening.is_set():
+        if self._pushed():
             return float(self.effective["wait_notify_interval"])
         return float(self.effective["poll_interval"])
 

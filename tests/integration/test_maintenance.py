@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import os
+import pty
 import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +34,7 @@ from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import insert_tasks, spawned, statuses, worker_env
-from tests.conftest import run_cli, wait_until
+from tests.conftest import ROOT, run_cli, wait_until
 from tests.integration.test_worker import drain, effects, enqueue, tasks
 from tests.support.app import App, build
 from tests.support.servers import PrivateMariaDB
@@ -515,3 +520,74 @@ def test_maintenance_run_command_prints_what_it_did(
         "maintenance", "run", "compact", "tests.support.app:RecordingWorker", env=env, check=False
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[str, str, int]:
+    """Run the CLI with standard error on a pseudo-terminal: (stdout, what
+    the terminal got, exit code)."""
+    leader, follower = pty.openpty()
+    drawn: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: every writer has closed
+                return
+            if not data:
+                return
+            drawn.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sqla_queue.cli", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+        )
+        os.close(follower)
+        follower = -1
+        out, _ = proc.communicate(timeout=120)
+        reader.join(timeout=30)
+    finally:
+        if follower != -1:
+            os.close(follower)
+        os.close(leader)
+    return out, b"".join(drawn).decode(errors="replace"), proc.returncode
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_long_routine_draws_a_progress_bar_on_a_terminal_and_not_in_a_pipe(
+    engine: Engine, app: App, db_url: str, table_name: str, installed: None
+) -> None:
+    def finished_and_old(count: int) -> None:
+        enqueue(engine, app, *({"n": n} for n in range(count)))
+        with engine.begin() as conn:
+            conn.execute(update(app.Task).values(status="sucesso"))
+        age_rows(engine, app, 90)
+
+    args = ["maintenance", "run", "purge", "tests.support.app:RecordingWorker", "--url", db_url]
+    # 40 chunks of 5 rows, each its own transaction: a bar to draw
+    env = {
+        **os.environ,
+        **worker_env(table_name),
+        "QUEUE_PURGE_LIMIT": "5",
+        "TERM": "xterm-256color",
+        "COLUMNS": "120",
+    }
+    env.pop("NO_COLOR", None)
+    finished_and_old(200)
+    out, drawn, code = _on_a_terminal(args, env)
+    assert code == 0, drawn
+    assert out.startswith("purge: chains 200, rows 200, chunks 40, open chains kept 0 in ")
+    assert "purge" in drawn and "rows 200" in drawn and "━" in drawn  # the bar and its counts
+    assert statuses(engine, app) == {}
+
+    finished_and_old(200)
+    piped = run_cli(*args, env=env)
+    assert piped.stdout.startswith("purge: chains 200, rows 200, chunks 40, ")
+    assert "━" not in piped.stderr and "\x1b[" not in piped.stderr and "rows" not in piped.stderr

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, create_engine, false, insert, select, text, updat
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient
+from sqla_queue.requeue import REQUEUE_CHUNK
 from sqla_queue.retry import ExponentialBackoff
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
@@ -403,3 +404,22 @@ def test_per_task_leases_and_time_limits(engine: Engine, app: App, installed: No
     status = {t.id: (t.status, t.message or "") for t in tasks(engine, app)}
     assert status[slow][0] == "falha" and status[slow][1].startswith("TimeLimitExceeded")
     assert {status[i][0] for i in (long, bad, plain)} == {"sucesso"}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # no dialect in the chunking
+def test_a_requeue_of_many_reports_its_progress_chunk_by_chunk(
+    engine: Engine, app: App, installed: None
+) -> None:
+    heads = _dead_heads(engine, app, REQUEUE_CHUNK + 250)
+    reports: list[tuple[int, int | None, str]] = []
+    with Session(engine) as session, session.begin():
+        done = QueueClient(session, app.Task).requeue_dead(
+            all_dead=True, progress=lambda *report: reports.append(report)
+        )
+    assert sorted(item.dead_id for item in done) == heads
+    assert all(item.new_id is not None for item in done)
+    total = len(heads)
+    assert reports == [
+        (REQUEUE_CHUNK, total, f"requeued {REQUEUE_CHUNK}"),
+        (total, total, f"requeued {total}"),
+    ]

@@ -746,3 +746,46 @@ def test_a_worker_runs_in_a_thread_of_the_application_and_stops_when_asked(
     assert sorted(task_id for task_id, _, _ in effects(engine, app)) == sorted(first + later)
     [after_stop] = enqueue(engine, app, {"n": 4})
     assert [t.status for t in tasks(engine, app) if t.id == after_stop] == ["pendente"]
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # NOTIFY wakes the lanes
+def test_a_notification_wakes_one_idle_lane_not_every_lane(
+    engine: Engine, app: App, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four idle lanes (what the test engine's pool allows) and a task
+    enqueued at a time: about one claim a task (the woken lane's; a full
+    batch wakes one more lane), where every idle lane claimed before, and
+    then the busy one again. Empty claims walk the dead index entries a
+    pinned horizon keeps."""
+    monkeypatch.setenv("QUEUE_WAIT_NOTIFY_INTERVAL", "120")  # no fallback poll in the test
+    parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), concurrency=4)
+    runner = Runner(app=parts)
+    claims: list[int] = []
+    real_claim = runner.manager.claim
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        found = real_claim(*args, **kwargs)
+        claims.append(len(found))
+        return found
+
+    monkeypatch.setattr(runner.manager, "claim", claim)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(
+            lambda: runner.listener is not None and runner.listener.listening.is_set(),
+            message="the LISTEN connection",
+        )
+        wait_until(lambda: len(claims) >= 4, message="every lane's first claim")
+        wait_until(lambda: runner.wake._pending == 0, message="the start's wake-ups taken")
+        before = len(claims)
+        for n in range(10):
+            enqueue(engine, app, {"n": n})
+            wait_until(lambda n=n: len(effects(engine, app)) == n + 1, message=f"task {n}")
+        made = len(claims) - before
+    finally:
+        runner.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    # before: 4 or 5 a task (the 4 lanes woken, then the busy one's re-claim)
+    assert made <= 2 * 10, (made, claims)

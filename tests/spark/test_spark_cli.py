@@ -172,6 +172,28 @@ def test_progress_reports_a_running_stage(spark: Any) -> None:
     )
 
 
+def test_progress_tells_a_report_instead_of_printing(spark: Any) -> None:
+    """On a terminal the commands draw a bar from these reports (the
+    maintenance test checks the bar on a real pseudo-terminal)."""
+    import pyarrow as pa
+
+    from sqla_queue.spark.progress import Progress
+
+    def slow(batches: Any) -> Any:
+        for batch in batches:
+            time.sleep(0.5)
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows]})
+
+    lines: list[str] = []
+    reports: list[tuple[int, int | None, str]] = []
+    with Progress(spark, "test", lines.append, interval=0.05, report=lambda *r: reports.append(r)):
+        spark.range(4).repartition(2).mapInArrow(slow, "n long").collect()
+    assert lines == [] and reports
+    for done, total, note in reports:
+        assert total is not None and 0 <= done <= total
+        assert re.fullmatch(r"Spark tasks, \d+ stage\(s\)", note)
+
+
 SESSION_FROM_PYTHON = """
 import sys
 

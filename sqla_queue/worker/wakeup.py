@@ -1,0 +1,62 @@
+"""How idle lanes are woken: one at a time.
+
+A notification (a NOTIFY, the queue server's message, the schedule
+routine's promotion) means "there may be a task", not "every lane, claim
+now": with one shared event, eight idle lanes all woke for each task and
+seven of them ran an empty claim. On a table whose dead index entries
+cannot be removed (a pinned vacuum horizon) every empty claim walks them
+all, and those claims took the CPU the application's own enqueue needed.
+
+So :meth:`LaneWakeup.set` wakes one waiting lane (or, when none waits, lets
+the next lane that would wait go straight back to its claim); a lane whose
+claim filled its batch wakes one more (``set``), so a backlog still brings
+every lane in within a few claims; :meth:`set_all` wakes every lane (a
+stop). The interface is ``threading.Event``'s where the callers need it
+(``set``, ``wait``), so a listener or the schedule routine can be handed
+either.
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["LaneWakeup"]
+
+
+class LaneWakeup:
+    """Wake-ups for ``lanes`` lanes: ``set()`` wakes one, ``set_all()`` all."""
+
+    def __init__(self, lanes: int = 1) -> None:
+        self.lanes = max(1, lanes)
+        self._condition = threading.Condition(threading.Lock())
+        # wake-ups not yet taken, at most one per lane: a burst of
+        # notifications while every lane is busy is worth one claim each
+        self._pending = 0
+
+    def set(self) -> None:
+        """Wake one waiting lane, or the next one to wait."""
+        with self._condition:
+            if self._pending < self.lanes:
+                self._pending += 1
+            self._condition.notify()
+
+    def set_all(self) -> None:
+        """Wake every lane (a stop, a changed claim filter)."""
+        with self._condition:
+            self._pending = self.lanes
+            self._condition.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a wake-up, at most ``timeout`` seconds; whether one came
+        (False: the timeout, the fallback poll)."""
+        with self._condition:
+            if not self._pending:
+                self._condition.wait(timeout)
+            if self._pending:
+                self._pending -= 1
+                return True
+            return False
+
+    def is_set(self) -> bool:
+        """Whether a wake-up is waiting to be taken."""
+        return self._pending > 0
