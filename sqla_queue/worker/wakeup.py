@@ -11,8 +11,8 @@ So :meth:`LaneWakeup.set` wakes one waiting lane (or, when none waits, lets
 the next lane that would wait go straight back to its claim); a lane whose
 claim filled its batch wakes one more (``set``), so a backlog still brings
 every lane in within a few claims; :meth:`set_all` wakes every lane (a
-stop). The interface is ``threading.Event``'s where the callers need it
-(``set``, ``wait``), so a listener or the schedule routine can be handed
+stop). The interface is ``threading.Event``'s (``set``, ``wait``,
+``clear``, ``is_set``), so a listener or the schedule routine can be handed
 either.
 """
 
@@ -56,6 +56,11 @@ class LaneWakeup:
                 self._pending -= 1
                 return True
             return False
+
+    def clear(self) -> None:
+        """Drop the wake-ups not yet taken."""
+        with self._condition:
+            self._pending = 0
 
     def is_set(self) -> bool:
         """Whether a wake-up is waiting to be taken."""
