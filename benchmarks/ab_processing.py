@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("table", help="the queue table to make (and drop) for this run")
     parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--metrics", action="store_true", help="with the Prometheus metrics on")
+    parser.add_argument("--tasks", type=int, default=TASKS, help="tasks to load and process")
     args = parser.parse_args()
     checkout = str(args.checkout.resolve())
     sys.path.insert(0, checkout)
@@ -85,7 +86,7 @@ def main() -> int:
     engine = create_engine(args.url)
     Base.metadata.drop_all(engine)
     Base.metadata.create_all(engine)
-    load_noop_tasks(engine, args.table)
+    load_noop_tasks(engine, args.table, args.tasks)
     engine.dispose()
 
     if args.metrics:
@@ -106,9 +107,9 @@ def main() -> int:
         ).scalar_one()
     Base.metadata.drop_all(engine)
     engine.dispose()
-    if done != TASKS:
-        raise SystemExit(f"{done} of {TASKS} tasks processed")
-    print(f"{TASKS / seconds:.0f}/{cpu / TASKS * 1e6:.1f}us")
+    if done != args.tasks:
+        raise SystemExit(f"{done} of {args.tasks} tasks processed")
+    print(f"{args.tasks / seconds:.0f}/{cpu / args.tasks * 1e6:.1f}us")
     return 0
 
 

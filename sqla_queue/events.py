@@ -49,6 +49,8 @@ from sqlalchemy.orm import (
 from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
+from .stamps import current as current_stamps
+from .stamps import registered as stamps_registered
 from .types import utcnow
 from .validation import check_attributes
 
@@ -99,7 +101,21 @@ def prepare_task(task: QueueMixin) -> None:
         task.status = Status.SCHEDULED.value if scheduled else Status.PENDING.value
     if task.first_run_at is None and task.run_at is not None:
         task.first_run_at = task.run_at
+    if stamps_registered():
+        _stamp(task)
     task.__dict__[_PREPARED] = True
+
+
+def _stamp(task: QueueMixin) -> None:
+    """The registered stamps' values (stamps.py) where the task has none."""
+    mapper = inspect(task).mapper
+    for name, value in current_stamps().items():
+        column = mapper.local_table.c.get(name)
+        if column is None:
+            continue
+        key = mapper.get_property_by_column(column).key
+        if getattr(task, key) is None:
+            setattr(task, key, value)
 
 
 def _changed(task: QueueMixin, key: str) -> bool:
@@ -257,4 +273,8 @@ def _prepared_row(row: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
         extra["status"] = Status.SCHEDULED.value if scheduled else Status.PENDING.value
     if row.get("first_run_at") is None and run_at is not None:
         extra["first_run_at"] = run_at
+    if stamps_registered():
+        for name, value in current_stamps().items():
+            if row.get(name) is None:
+                extra[name] = value
     return extra

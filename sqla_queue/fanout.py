@@ -124,6 +124,8 @@ class FanOut:
                     # the reference let the default (50) apply; ours keeps the
                     # publication's priority
                     "prioridade": publication.priority,
+                    # a copy runs in the trace that enqueued its publication
+                    "trace_context": publication.trace_context,
                     **publication.extra,
                 }
             )

@@ -53,6 +53,7 @@ __all__ = [
     "OWN_COLUMNS",
     "TIMING_COLUMNS",
     "TRACEBACK_MAX_LENGTH",
+    "TRACE_COLUMNS",
     "QueueMixin",
     "Status",
     "status_is",
@@ -70,8 +71,10 @@ LEASE_COLUMNS = ("worker_id", "lease_expires_at")
 TIMING_COLUMNS = ("started_at", "finished_at")
 #: why an attempt failed: its traceback (docs/operations.md)
 ERROR_COLUMNS = ("error_traceback",)
+#: the trace that enqueued the task (sqla_queue.tracing, docs/operations.md)
+TRACE_COLUMNS = ("trace_context",)
 #: every column sqla-queue adds to the seed's
-OWN_COLUMNS = LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS
+OWN_COLUMNS = LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS + TRACE_COLUMNS
 #: error_traceback holds at most this many characters (the frames nearest
 #: the error are kept)
 TRACEBACK_MAX_LENGTH = 8000
@@ -191,6 +194,10 @@ class QueueMixin:
     # masked as the logs are, at most TRACEBACK_MAX_LENGTH characters);
     # NULL on every other attempt, and on a rescued one (its worker died).
     error_traceback: Mapped[str | None] = mapped_column("error_traceback", Text)
+    # Ours: the W3C trace context (JSON: traceparent, tracestate) of the
+    # span that enqueued the task, when sqla_queue.tracing is instrumented;
+    # the worker's span for the task is its child. Retries keep it.
+    trace_context: Mapped[str | None] = mapped_column("trace_context", Text)
 
     @hybrid_property
     def payload(self) -> Any:

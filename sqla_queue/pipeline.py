@@ -13,7 +13,9 @@ lists and knows nothing of what is in them:
   handler on the batch's connection, outermost last: as procrastinate's
   middleware, a list of callables nested around the handler.
 
-The worker's composition root (``worker/app.py``) builds both lists.
+The worker's composition root (``worker/app.py``) builds both lists; it
+adds, outermost, the middleware of the parts registered with
+:func:`register_middleware` (the OpenTelemetry spans of ``tracing.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,16 @@ from sqlalchemy.orm import Session
 
 from .records import TaskRecord
 
-__all__ = ["BatchStage", "Handler", "Middleware", "compose"]
+__all__ = [
+    "BatchStage",
+    "Handler",
+    "Middleware",
+    "MiddlewareFactory",
+    "compose",
+    "register_middleware",
+    "registered_middleware",
+    "unregister_middleware",
+]
 
 #: a task's handler: its return value (text or None) is the success message
 Handler = Callable[[TaskRecord, Session], Any]
@@ -75,3 +86,25 @@ def compose(
     for layer in middleware:
         handler = layer.wrap(handler, conn)
     return handler
+
+
+#: builds a worker's middleware from its queue table's name
+MiddlewareFactory = Callable[[str], Middleware]
+_factories: list[MiddlewareFactory] = []
+
+
+def register_middleware(factory: MiddlewareFactory) -> None:
+    """Wrap the handlers of every worker built from now on in this process
+    with ``factory(queue)`` (outermost; once, however often registered)."""
+    if factory not in _factories:
+        _factories.append(factory)
+
+
+def unregister_middleware(factory: MiddlewareFactory) -> None:
+    if factory in _factories:
+        _factories.remove(factory)
+
+
+def registered_middleware(queue: str) -> list[Middleware]:
+    """The registered factories' middleware for a worker of ``queue``."""
+    return [factory(queue) for factory in list(_factories)]

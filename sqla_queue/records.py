@@ -78,6 +78,7 @@ class TaskRecord(SeedColumns):
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     error_traceback: str | None = None
+    trace_context: str | None = None
     #: columns of the user's model beyond sqla-queue's, by column name:
     #: carried to the task's retry and dead-letter rows
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)

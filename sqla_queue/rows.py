@@ -79,7 +79,8 @@ def failure_message(error: str, suffix: str) -> str:
 def carried_columns(task: TaskRecord) -> dict[str, Any]:
     """What every row that follows ``task`` keeps of it (a retry, its
     dead-letter run, a requeued chain): its keys, routing, hash, priority
-    (the reference reset it to 50) and the user's own columns."""
+    (the reference reset it to 50), the trace that enqueued it and the
+    user's own columns."""
     return {
         "origem": task.origin,
         "destino": task.destination,
@@ -92,6 +93,7 @@ def carried_columns(task: TaskRecord) -> dict[str, Any]:
         "publication_id": task.publication_id,
         "subscriber_id": task.subscriber_id,
         "prioridade": task.priority,
+        "trace_context": task.trace_context,
         **task.extra,
     }
 

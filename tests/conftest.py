@@ -297,7 +297,9 @@ LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
 # and when each attempt was claimed and ended
 TIMING_COLUMNS = ["started_at", "finished_at"]
 ERROR_COLUMNS = ["error_traceback"]
-TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS
+# the trace that enqueued the task (sqla_queue.tracing)
+TRACE_COLUMNS = ["trace_context"]
+TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS + TRACE_COLUMNS
 
 
 def lock_waits(engine: Engine, table_name: str) -> int:

@@ -63,6 +63,14 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 "[env: SQLA_QUEUE_METRICS_HOST]",
             ),
             click.option(
+                "--tracing/--no-tracing",
+                default=False,
+                envvar="SQLA_QUEUE_TRACING",
+                help="one OpenTelemetry span per task, a child of the trace that enqueued "
+                "it (sqla-queue[otel]; the SDK is configured by your worker's module or "
+                "opentelemetry-instrument) [env: SQLA_QUEUE_TRACING]",
+            ),
+            click.option(
                 "--log-format",
                 type=click.Choice(["text", "json"]),
                 default="text",
@@ -104,6 +112,7 @@ def _run_worker(
     log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    tracing: bool = False,
 ) -> None:
     """Load the worker class, check it, and run it (the options of
     :func:`_worker_options`); exits with its status."""
@@ -114,6 +123,10 @@ def _run_worker(
         cls.check_configuration()
         if metrics_port is not None:
             _serve_metrics(cls, metrics_port, metrics_host)
+        if tracing:
+            from ..tracing import instrument
+
+            instrument()
         code = cls().run(
             url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
         )

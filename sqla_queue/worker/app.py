@@ -33,6 +33,7 @@ from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, rou
 from ..maintenance.clock import Clock, SystemClock
 from ..manager import TaskManager
 from ..mixins import channel_of
+from ..pipeline import registered_middleware
 from ..ranges import LEASE_SECONDS
 from ..records import TaskRecord
 from ..redaction import redact
@@ -137,7 +138,10 @@ class QueueApp:
             # the webhook delivery innermost, as a copy it answers for is
             # never a publication; the time limit around everything
             stages=[stage for stage in (self.stage, self.fanout) if stage is not None],
-            middleware=[] if self.time_limiter is None else [self.time_limiter],
+            middleware=[
+                *([] if self.time_limiter is None else [self.time_limiter]),
+                *registered_middleware(model.__table__.name),
+            ],
             no_retry=cls.no_retry,
             lease_for=self._lease_for(),
             hooks=self.hooks,

@@ -124,6 +124,7 @@ def test_postgresql_column_types_match_the_reference_ddl(engine: Engine, table_n
         "started_at": ("timestamp with time zone", None),
         "finished_at": ("timestamp with time zone", None),
         "error_traceback": ("text", None),
+        "trace_context": ("text", None),
     }
 
 

@@ -657,7 +657,7 @@ def _row(**overrides: object) -> dict[str, object]:
 class TestTaskRecord:
     def test_attribute_names_map_onto_every_seed_column(self) -> None:
         assert sorted(COLUMN_NAMES.values()) == sorted(TABLE_COLUMNS)
-        assert len(COLUMN_NAMES) == 33
+        assert len(COLUMN_NAMES) == 34
 
     def test_from_row_reads_seed_column_names(self) -> None:
         record = TaskRecord.from_row(_row())
