@@ -24,6 +24,7 @@ from .exceptions import (
     UnpreparedTaskError,
     UnsupportedOperationError,
 )
+from .maintenance.periodic import Periodic
 from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
 from .payload import JsonText
 from .records import TaskRecord
@@ -51,6 +52,7 @@ __all__ = [
     "JsonText",
     "NotInstalledError",
     "PayloadError",
+    "Periodic",
     "QueueApp",
     "QueueClient",
     "QueueMixin",

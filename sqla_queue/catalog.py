@@ -734,6 +734,20 @@ CATALOGUE: tuple[Setting, ...] = (
         resolved=False,
     ),
     _s(
+        "periodic_runs",
+        _OTHER,
+        "The last occurrence enqueued of each periodic task of the queue (JSON, name to "
+        "time); written by the workers' `periodic` routine in the transaction that "
+        "enqueues the task, so each occurrence is enqueued once "
+        "([periodic.md](periodic.md)). Not meant to be edited: deleting a name's entry "
+        "starts it afresh.",
+        kind=Text(),
+        default="{}",
+        default_text="none",
+        table=("periodic_runs",),
+        resolved=False,
+    ),
+    _s(
         "dashboard_user",
         _OTHER,
         "The user `sqla-queue dashboard` logs in "

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,9 @@ from .adapters import Adapter, adapter_of
 from .adapters.base import TableHealth
 from .adapters.inspection import InspectionQueries
 from .client import resolve_table
+from .configuration_table import configuration_table_of
 from .exceptions import ConfigurationError, TaskNotFoundError
+from .maintenance.periodic import Periodic, last_runs, next_runs
 from .mixins import QueueMixin, Status
 from .pause import paused_processes
 from .types import utcnow
@@ -205,6 +207,9 @@ class QueueStatus:
     taken_at: dt.datetime
     #: processes paused across the fleet (their ready tasks wait: pause.py)
     paused: frozenset[str] = frozenset()
+    #: the worker class's periodic tasks: name, schedule, process,
+    #: last_enqueued, next_run (maintenance/periodic.py)
+    periodic: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """What ``sqla-queue status --json`` and ``GET /api/status`` give."""
@@ -231,6 +236,7 @@ class QueueStatus:
             "failures": [_jsonable(dataclasses.asdict(item)) for item in self.failures],
             "table": None,
             "paused": sorted(self.paused),
+            "periodic": self.periodic,
             "taken_at": self.taken_at.isoformat(),
         }
         if self.health is not None:
@@ -314,11 +320,13 @@ def queue_status(
     running: int = 20,
     failures: int = 10,
     now: dt.datetime | None = None,
+    periodic: Sequence[Periodic] = (),
 ) -> QueueStatus:
     """What ``queue`` is doing (see the module): chain counts per process
     (and tenant), the oldest ready task's age, the attempts finished in the
     last ``window_seconds``, up to ``running`` running tasks and the
-    ``failures`` newest failures, and on PostgreSQL the table's storage."""
+    ``failures`` newest failures, on PostgreSQL the table's storage, and
+    the ``periodic`` tasks of a worker class with their last and next run."""
     if window_seconds <= 0:
         raise ConfigurationError(f"window_seconds must be positive, not {window_seconds}")
     table = resolve_table(queue)
@@ -334,6 +342,11 @@ def queue_status(
         table_health = adapter.table_health(conn)
         # the model names its configuration table (__queue_configuration__)
         paused = paused_processes(conn, queue if isinstance(queue, type) else table)
+        runs = (
+            last_runs(conn, configuration_table_of(queue), table.name)
+            if periodic and isinstance(queue, type)
+            else {}
+        )
     processes: dict[str, Counts] = {}
     tenant_processes: dict[str, dict[str, Counts]] = {}
     oldest: dt.datetime | None = None
@@ -384,6 +397,7 @@ def queue_status(
         else Health(table_health, _horizon_warning(table_health)),
         taken_at=now,
         paused=paused,
+        periodic=next_runs(periodic, runs, now),
     )
 
 

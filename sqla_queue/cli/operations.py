@@ -76,11 +76,18 @@ def maintenance() -> None:
 @click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
 @click.option("--dry-run", is_flag=True, help="count what it would do; change nothing")
 def run(routine: str, worker: str, url: str | None, dry_run: bool) -> None:
-    """Run ROUTINE (rescue, schedule, purge, ttl) of WORKER's queue once, now,
-    and print what it did. It takes no lock: the routines are safe beside
-    running workers."""
-    with _app(worker, url) as app, progress_bar(routine) as progress:
-        result = app.maintenance.run_now(routine, dry_run=dry_run, progress=progress)
+    """Run ROUTINE (rescue, schedule, purge, ttl, vacuum, periodic) of
+    WORKER's queue once, now, and print what it did. It takes no lock: the
+    routines are safe beside running workers (periodic: each occurrence is
+    still enqueued once)."""
+    with _app(worker, url) as app:
+        if routine not in app.maintenance.routines:
+            raise click.ClickException(
+                f"{type(app.worker).__name__} has no {routine} routine "
+                "(periodic: the class declares no periodic tasks)"
+            )
+        with progress_bar(routine) as progress:
+            result = app.maintenance.run_now(routine, dry_run=dry_run, progress=progress)
     click.echo(result.describe())
     if result.error:
         raise click.ClickException(f"{routine} stopped: {result.error}")

@@ -106,7 +106,12 @@ def status(
             return
 
         def take() -> QueueStatus:
-            return queue_status(app.engine, model, window_seconds=window.total_seconds())
+            return queue_status(
+                app.engine,
+                model,
+                window_seconds=window.total_seconds(),
+                periodic=type(app.worker).periodic,
+            )
 
         if as_json:
             click.echo(json.dumps(take().as_json()))
@@ -208,6 +213,19 @@ def _render(status: QueueStatus) -> Group:
                 Text(failure.message or ""),
             )
         parts.append(failures)
+    if status.periodic:
+        periodic = Table(title="periodic tasks", title_justify="left")
+        for column in ("name", "schedule", "process", "last enqueued", "next run"):
+            periodic.add_column(column, no_wrap=True)
+        for entry in status.periodic:
+            periodic.add_row(
+                Text(entry["name"]),
+                Text(entry["schedule"]),
+                Text(entry["process"]),
+                entry["last_enqueued"] or "-",
+                entry["next_run"],
+            )
+        parts.append(periodic)
     if status.health is not None:
         h = status.health.table
         held = "none" if h.horizon_seconds is None else _age(h.horizon_seconds)
@@ -388,6 +406,7 @@ def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
             cls.queue_model(),
             subscriber_model=getattr(cls, "subscriber_model", None),
             config=config,
+            periodic=cls.periodic,
         )
         mode = (
             "read and write" if config.password else "read-only (no SQLA_QUEUE_DASHBOARD_PASSWORD)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,7 @@ def create_app(
     *,
     subscriber_model: Any = None,
     config: DashboardConfig | None = None,
+    periodic: Sequence[Any] = (),
 ) -> Starlette:
     """The dashboard of ``model``'s queue table on ``engine``."""
     config = config or DashboardConfig()
@@ -117,7 +118,9 @@ def create_app(
         return HTMLResponse(html, status_code=status_code)
 
     def overview(request: Request) -> Response:
-        status = queue_status(engine, queue, window_seconds=config.window_seconds)
+        status = queue_status(
+            engine, queue, window_seconds=config.window_seconds, periodic=periodic
+        )
         data = status.as_json()
         oldest = status.oldest_ready_seconds
         return page(
@@ -159,7 +162,9 @@ def create_app(
         )
 
     def api_status(request: Request) -> Response:
-        status = queue_status(engine, queue, window_seconds=config.window_seconds)
+        status = queue_status(
+            engine, queue, window_seconds=config.window_seconds, periodic=periodic
+        )
         return JSONResponse(status.as_json())
 
     def api_task(request: Request) -> Response:

@@ -1,4 +1,5 @@
-"""Maintenance routines: rescue, schedule, purge, ttl, vacuum; one module each.
+"""Maintenance routines: rescue, schedule, purge, ttl, vacuum, and the
+application's periodic tasks; one module each.
 
 Every worker runs them (there is no central node): each routine on its
 schedule, in a thread of its own, with a connection of its own, and only
@@ -9,9 +10,9 @@ from its effective settings (``catalog.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Table
 
 from ..adapters import Adapter
 from ..leases import LeasePolicy
@@ -20,6 +21,7 @@ from ..resolution import Effective
 from .base import Routine, RoutineResult
 from .clock import Clock, ManualClock, SystemClock
 from .lock import RoutineLock, routine_lock_for
+from .periodic import Periodic, PeriodicRoutine
 from .purge import BeforeDelete, PurgeConfig, PurgeRoutine
 from .rescue import RescueConfig, RescueRoutine
 from .schedule import ScheduleConfig, ScheduleRoutine
@@ -34,6 +36,8 @@ __all__ = [
     "Clock",
     "Maintenance",
     "ManualClock",
+    "Periodic",
+    "PeriodicRoutine",
     "PurgeConfig",
     "PurgeRoutine",
     "RescueConfig",
@@ -53,7 +57,7 @@ __all__ = [
     "routine_lock_for",
 ]
 
-ROUTINES = ("rescue", "schedule", "purge", "ttl", "vacuum")
+ROUTINES = ("rescue", "schedule", "purge", "ttl", "vacuum", "periodic")
 
 
 def build_routines(
@@ -66,10 +70,15 @@ def build_routines(
     wake: Callable[[], None] | None = None,
     clock: Clock | None = None,
     before_delete: BeforeDelete | None = None,
+    periodic: Sequence[Periodic] = (),
+    markers: Table | None = None,
 ) -> list[Routine]:
+    """The routines of a worker: the five of the seed and PEQ, and the
+    periodic tasks' when it declares any (``markers``: the configuration
+    table that keeps their last occurrences)."""
     clock = clock or SystemClock()
     rescue_schedule: Schedule = effective["rescue_schedule"] or Every(lease.rescue_every_seconds)
-    return [
+    routines: list[Routine] = [
         RescueRoutine(engine, adapter, rescue_schedule, manager),
         ScheduleRoutine(
             engine,
@@ -107,3 +116,7 @@ def build_routines(
             clock=clock,
         ),
     ]
+    if periodic:
+        assert markers is not None
+        routines.append(PeriodicRoutine(engine, adapter, periodic, markers, wake=wake, clock=clock))
+    return routines

@@ -159,6 +159,8 @@ class QueueApp:
                 wake=self.wake.set,
                 clock=self.clock,
                 before_delete=cls.purge_before_delete,
+                periodic=cls.periodic,
+                markers=configuration_table_of(model) if cls.periodic else None,
             ),
             self.routine_lock(),
             clock=self.clock,

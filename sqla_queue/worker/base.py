@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from ..catalog import check_attributes
 from ..exceptions import ConfigurationError
+from ..maintenance.periodic import Periodic, check_periodic
 from ..mixins import QueueMixin
 from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
 from ..records import TaskRecord
@@ -91,6 +92,9 @@ class WorkerBase(abc.ABC):
     #: the purge's hook, (conn, table, chain_ids), called in each chunk's
     #: transaction before its DELETE; raising keeps the chunk (an archive)
     purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None] = None
+    #: the application's periodic tasks (sqla_queue.Periodic): the fleet of
+    #: this class enqueues each due occurrence once (docs/periodic.md)
+    periodic: ClassVar[Sequence[Periodic]] = ()
     #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
@@ -300,6 +304,7 @@ class WorkerBase(abc.ABC):
         # leases, backoff, time limits, maintenance: the settings catalogue's
         check_attributes(cls)
         _check_no_retry(name, cls.no_retry)
+        check_periodic(cls.periodic, name)
         if cls.purge_before_delete is not None and not callable(cls.purge_before_delete):
             raise ConfigurationError(
                 f"{name}.purge_before_delete must be a function (conn, table, chain_ids), "

@@ -31,6 +31,7 @@ class Worker(Protocol):
     nsj_locks: ClassVar[bool | None]
     no_retry: ClassVar[tuple[type[BaseException], ...]]
     purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None]
+    periodic: ClassVar[Sequence[Any]]
     #: set by the runner from the effective configuration
     _lease_seconds: float
     _time_limit_seconds: float | None
