@@ -33,7 +33,8 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for
 from sqla_queue.adapters.inspection import InspectionQueries
-from sqla_queue.maintenance import ROUTINES
+from sqla_queue.configuration_table import configuration_table_of
+from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
@@ -95,7 +96,11 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
     assert Routed().run(engine=engine, burst=True, settings=settings, batch_size=4) == 0
     worker = Worker()
     assert worker.run(engine=engine, burst=True, settings=settings, batch_size=4) == 0
-    runner = Runner(app.RecordingWorker(), engine=engine, settings=settings)
+
+    class Periodical(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        periodic = (Periodic("probe", "@every 1s", process="faturar"),)
+
+    runner = Runner(Periodical(), engine=engine, settings=settings)
     adapter, owner = runner.adapter, "probe"
     with plain.begin() as conn:  # everything a day old: the purge and the TTL have work
         conn.execute(update(app.Task).values(data_hora=utcnow() - dt.timedelta(days=1)))
@@ -120,8 +125,13 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
             if claim.in_transaction():
                 claim.commit()
     for name in ROUTINES:
+        routine = runner.maintenance.routine(name)
+        clock = routine.clock = ManualClock() if name == "periodic" else routine.clock
         for _ in range(2):
-            runner.maintenance.routine(name).run_once()
+            routine.run_once()
+            if isinstance(clock, ManualClock):  # the first starts it, the second enqueues
+                clock.advance(1)
+    configuration_table_of(app.Task).drop(plain, checkfirst=True)
     with engine.begin() as conn:
         for query in MONITORING:
             conn.execute(text(query.format(t=app.Task.__tablename__)))
