@@ -29,8 +29,7 @@ from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
 from .payload import hash_payload, serialize_payload
 from .records import TaskRecord
 from .rows import ENGLISH_COLUMNS
-from .stamps import current as current_stamps
-from .stamps import registered as stamps_registered
+from .stamps import fill as fill_stamps
 from .types import utcnow
 from .validation import check_columns
 
@@ -145,14 +144,6 @@ _SCHEDULED = Status.SCHEDULED.value
 _PENDING = Status.PENDING.value
 
 
-def _stamp(rows: list[dict[str, Any]]) -> None:
-    """The registered stamps' values (stamps.py), the same in every row of one call."""
-    if stamps_registered() and rows:
-        values = current_stamps()
-        for row in rows:
-            row.update(values)
-
-
 class QueueClient:
     """Enqueue on ``session_or_connection`` (a Session or a Connection) into
     ``table`` (a model, a Table, or a table name, optionally ``schema.table``).
@@ -210,7 +201,7 @@ class QueueClient:
         processo, chave_externa, payload, tenant=None, grupo_empresarial=None,
         data_hora=None, prioridade=None`` (or their English names)."""
         row = _task_row(_normalise(args, kwargs), pub_sub=False, now=utcnow())
-        _stamp([row])
+        fill_stamps([row])
         conn = self.connection
         return self._adapter(conn).task_insert_one(conn, row=row)
 
@@ -220,7 +211,7 @@ class QueueClient:
         the subscriptions of its ``processo`` (docs/pubsub.md); no subscriber
         table is needed here, at insert time."""
         row = _task_row(_normalise(args, kwargs), pub_sub=True, now=utcnow())
-        _stamp([row])
+        fill_stamps([row])
         conn = self.connection
         return self._adapter(conn).task_insert_one(conn, row=row)
 
@@ -248,7 +239,7 @@ class QueueClient:
     ) -> list[int]:
         now = utcnow()
         rows = [_task_row(_normalise((), task), pub_sub=pub_sub, now=now) for task in tasks]
-        _stamp(rows)
+        fill_stamps(rows)
         conn = self.connection
         adapter = self._adapter(conn)
         insert_many = adapter.task_copy_many if copy else adapter.task_insert_many

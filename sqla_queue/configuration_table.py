@@ -54,6 +54,7 @@ __all__ = [
     "configuration_rows",
     "configuration_table",
     "configuration_table_of",
+    "has_queue_name",
     "read_rows",
 ]
 
@@ -268,6 +269,13 @@ def configuration_table_of(model: Any) -> Table:
         schema, name = split_table_name(named)
         schema = schema or table.schema
     return configuration_table(MetaData(), name, schema=schema)
+
+
+def has_queue_name(conn: Connection, table: Table) -> bool:
+    """Whether the configuration table in the database has ``queue_name``
+    (else its rows are schema-wide: PEQ's own, or one made before it)."""
+    columns = inspect(conn).get_columns(table.name, schema=table.schema)
+    return any(column["name"] == "queue_name" for column in columns)
 
 
 def read_rows(

@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Table, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .catalog import SCHEMA_WIDE
-from .configuration_table import configuration_table_of
+from .configuration_table import configuration_table_of, has_queue_name
 from .exceptions import ConfigurationError
 
 __all__ = ["PAUSED_SETTING", "PAUSE_CHECK_SECONDS", "pause", "paused_processes", "resume"]
@@ -38,13 +38,6 @@ PAUSE_CHECK_SECONDS = 2.0
 
 def _split(value: str | None) -> frozenset[str]:
     return frozenset(name.strip() for name in (value or "").split(",") if name.strip())
-
-
-def _scoped(conn: Connection, table: Table) -> bool:
-    """Whether the configuration table has ``queue_name`` (else its rows are
-    schema-wide)."""
-    columns = inspect(conn).get_columns(table.name, schema=table.schema)
-    return any(column["name"] == "queue_name" for column in columns)
 
 
 def _of(queue: Any) -> tuple[Table, str]:
@@ -67,7 +60,7 @@ def paused_processes(conn: Connection, model: Any) -> frozenset[str]:
     table, queue = _of(model)
     if not inspect(conn).has_table(table.name, schema=table.schema):
         return frozenset()
-    return _read(conn, table, queue, scoped=_scoped(conn, table))
+    return _read(conn, table, queue, scoped=has_queue_name(conn, table))
 
 
 def _read(conn: Connection, table: Table, queue: str, *, scoped: bool) -> frozenset[str]:
@@ -104,7 +97,7 @@ def _change(conn: Connection, model: Any, names: set[str], *, add: bool) -> froz
             )
     table, queue = _of(model)
     table.create(conn, checkfirst=True)
-    scoped = _scoped(conn, table)
+    scoped = has_queue_name(conn, table)
     c = table.c
     where = [c.setting_name == PAUSED_SETTING]
     if scoped:

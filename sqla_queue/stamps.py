@@ -12,10 +12,10 @@ stores the current trace context in ``trace_context``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-__all__ = ["Stamp", "current", "register", "registered", "unregister"]
+__all__ = ["Stamp", "current", "fill", "register", "registered", "unregister"]
 
 Stamp = Callable[[], Mapping[str, Any]]
 _stamps: list[Stamp] = []
@@ -42,3 +42,15 @@ def current() -> dict[str, Any]:
     for stamp in list(_stamps):
         values.update(stamp())
     return values
+
+
+def fill(rows: Iterable[MutableMapping[str, Any]]) -> None:
+    """Give each row (by column name) the stamps' values it has none of;
+    the stamps are called once for all the rows of one enqueue call."""
+    if not _stamps:
+        return
+    values = current()
+    for row in rows:
+        for name, value in values.items():
+            if row.get(name) is None:
+                row[name] = value

@@ -47,6 +47,7 @@ from sqlalchemy import Connection, Engine, Table, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..client import QueueClient
+from ..configuration_table import has_queue_name
 from ..exceptions import ConfigurationError
 from ..payload import serialize_payload
 from .base import Routine, RoutineResult
@@ -120,8 +121,7 @@ def check_periodic(declared: object, owner: str) -> tuple[Periodic, ...]:
 def _where(conn: Connection, table: Table, queue: str) -> list[Any]:
     c = table.c
     where = [c.setting_name == PERIODIC_SETTING]
-    columns = inspect(conn).get_columns(table.name, schema=table.schema)
-    if any(column["name"] == "queue_name" for column in columns):
+    if has_queue_name(conn, table):
         where.append(c.queue_name == queue)
     return where
 
