@@ -8,6 +8,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
+# pytest-xdist workers for make test (each with databases of its own:
+# tests/conftest.py); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 
 .PHONY: quickstart test fuzz lint bench clean
 
@@ -35,7 +38,7 @@ test: $(VENV)/.installed-dev
 	@# subprocesses (workers, the CLI), and where PYTHONDONTWRITEBYTECODE is
 	@# set (it is on these machines) each compiled sqla-queue again (0.2 s)
 	$(PY) -m compileall -q sqla_queue tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # the fuzz and flood tests with many more generated inputs than make test runs
 fuzz: $(VENV)/.installed-dev

@@ -97,6 +97,34 @@ def _container_url(kind: str) -> str | None:
 _resolved: dict[str, tuple[str | None, str]] = {}
 
 
+def _worker_database(url: str) -> str:
+    """Under pytest-xdist (``make test`` runs two workers), the database of
+    this worker: ``<database>_gw0``, ``<database>_gw1``…, created on first use
+    beside the configured one. Each worker's tests then see only their own
+    sessions, locks and LISTEN channels: PostgreSQL's advisory locks, its
+    vacuum horizon and MariaDB's GET_LOCK names are per database (or made so
+    by the adapters), and the reference library's task locks are not."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return url
+    base = normalize_url(url)
+    name = f"{base.database}_{worker}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if base.get_backend_name() == "postgresql":
+                exists = conn.execute(
+                    text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+                ).first()
+                if exists is None:
+                    conn.execute(text(f'CREATE DATABASE "{name}"'))
+            else:
+                conn.execute(text(f"CREATE DATABASE IF NOT EXISTS `{name}`"))
+    finally:
+        admin.dispose()
+    return base.set(database=name).render_as_string(hide_password=False)
+
+
 def server_url(kind: str) -> str:
     """The URL of a reachable server of ``kind``, or skip (fail in CI)."""
     if kind not in _resolved:
@@ -106,6 +134,8 @@ def server_url(kind: str) -> str:
             container = _container_url(kind)
             if container is not None:
                 url, error = container, None
+        if error is None:
+            url = _worker_database(url)
         _resolved[kind] = (None if error else url, error or "")
     url, error = _resolved[kind]
     if url is None:
@@ -114,6 +144,14 @@ def server_url(kind: str) -> str:
             pytest.fail(reason)
         pytest.skip(reason)
     return url
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup``: the Spark tests on one worker,
+    which starts the one SparkSession (a JVM) they share."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

@@ -610,6 +610,7 @@ def nsj_lock_holders(engine: Engine, task_id: int) -> int:
         return conn.execute(
             text(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND classid = CAST(:high AS oid) AND objid = CAST(:low AS oid)"
             ),
             {"high": task_id >> 32, "low": task_id & 0xFFFFFFFF},

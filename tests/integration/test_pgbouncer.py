@@ -83,7 +83,7 @@ def test_workers_behind_pgbouncer_run_every_task_once(
         "worker", RECORDING, "--url", url, "--concurrency", "2", env=env, count=2
     ) as workers:
         wait_until(lambda: "sucesso" in statuses(engine, app).values(), message="a first task")
-        bouncer.admin("RECONNECT test")  # every server connection is replaced
+        bouncer.admin(f"RECONNECT {bouncer.dbname}")  # every server connection is replaced
         ids += insert_tasks(engine, app, 300)
         wait_until(
             lambda: set(statuses(engine, app).values()) == {"sucesso"},
