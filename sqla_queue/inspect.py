@@ -45,6 +45,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.orm import Session
 
+from . import status_summary
 from .adapters import Adapter, adapter_of
 from .adapters.base import TableHealth
 from .adapters.inspection import InspectionQueries
@@ -321,12 +322,18 @@ def queue_status(
     failures: int = 10,
     now: dt.datetime | None = None,
     periodic: Sequence[Periodic] = (),
+    exact: bool = False,
 ) -> QueueStatus:
     """What ``queue`` is doing (see the module): chain counts per process
     (and tenant), the oldest ready task's age, the attempts finished in the
     last ``window_seconds``, up to ``running`` running tasks and the
     ``failures`` newest failures, on PostgreSQL the table's storage, and
-    the ``periodic`` tasks of a worker class with their last and next run."""
+    the ``periodic`` tasks of a worker class with their last and next run.
+
+    The finished states are counted per range of ids and the counts kept
+    in the queue's configuration table (``status_summary.py``): a range is
+    counted again only when it may have changed. ``exact`` counts every
+    range again (what a change by hand, outside sqla-queue, may need)."""
     if window_seconds <= 0:
         raise ConfigurationError(f"window_seconds must be positive, not {window_seconds}")
     table = resolve_table(queue)
@@ -336,7 +343,9 @@ def queue_status(
         queries = InspectionQueries(adapter)
         open_groups = queries.open_groups(conn)
         since = now - dt.timedelta(seconds=window_seconds)
-        closed_groups = queries.closed_groups(conn, since=since)
+        closed_groups = status_summary.closed_groups(
+            conn, queries, since=since, now=now, exact=exact
+        )
         running_rows = queries.running(conn, limit=running) if running else []
         failure_rows = queries.newest_failures(conn, limit=failures) if failures else []
         table_health = adapter.table_health(conn)

@@ -10,8 +10,9 @@ table of millions of finished attempts:
   SQLite) or the status indexes (MySQL family): their cost follows the
   backlog, not the table;
 - the finished states (succeeded, failed, the dead letter) and the recent
-  throughput are one pass over the finished attempts, the one statement
-  whose cost follows the table (docs/operations.md has it measured);
+  throughput are one pass over the finished attempts the first time (the
+  one statement whose cost follows the table: docs/operations.md has it
+  measured), then primary-key ranges of them (``status_summary.py``);
 - the running tasks read ``ix_processando``; the newest failures read the
   primary key backwards over the newest attempts only;
 - a chain's timeline reads its rows by ``id``, ``id_inicial`` and
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Integer,
     bindparam,
@@ -96,6 +98,37 @@ class InspectionQueries:
             .where(status_is(c.status, *CLOSED_STATUSES))
             .group_by(c.processo, c.tenant, c.status, dead, requeued, head)
         )
+        # the same, over one range of ids (status_summary.py), with what the
+        # summary keeps of it: its smallest id and newest finish
+        low, high = bindparam("low", type_=BigInteger), bindparam("high", type_=BigInteger)
+        size = bindparam("size", type_=BigInteger, literal_execute=True)
+        self._closed_range = (
+            select(
+                (c.id // size).label("k"),
+                c.processo,
+                c.tenant,
+                c.status,
+                dead.label("dead"),
+                requeued.label("requeued"),
+                head.label("head"),
+                func.count().label("n"),
+                recent.label("recent"),
+                func.min(c.id).label("low"),
+                func.max(c.finished_at).label("finished"),
+            )
+            .where(c.id >= low, c.id <= high, status_is(c.status, *CLOSED_STATUSES))
+            .group_by(c.id // size, c.processo, c.tenant, c.status, dead, requeued, head)
+        )
+        #: open attempts per range of ids, one statement per status's index
+        self._open_ranges = union_all(
+            *(
+                select((c.id // size).label("k"), func.count().label("n"))
+                .where(status_is(c.status, status))
+                .group_by(c.id // size)
+                for status in OPEN_STATUSES
+            )
+        )
+        self._id_bounds = select(func.min(c.id), func.max(c.id))
         limit = bindparam("limit", type_=Integer, literal_execute=True)
         self._running = (
             select(
@@ -203,6 +236,28 @@ class InspectionQueries:
         the finished attempts; ``recent``: how many finished at or after
         ``since``."""
         return list(conn.execute(self._closed, {"since": since}))
+
+    def closed_range(
+        self, conn: Connection, *, since: dt.datetime, low: int, high: int, size: int
+    ) -> list[Any]:
+        """:meth:`closed_groups` of the ids ``low`` to ``high`` (a primary-key
+        range) by range of ``size`` ids too (``k``), each group with its
+        smallest id (``low``) and newest ``finished_at`` (``finished``)."""
+        params = {"since": since, "low": low, "high": high, "size": size}
+        return list(conn.execute(self._closed_range, params))
+
+    def open_by_range(self, conn: Connection, size: int) -> dict[int, int]:
+        """How many open attempts each range of ``size`` ids holds (range
+        ``k``: ids ``k * size`` to ``(k + 1) * size - 1``)."""
+        counts: dict[int, int] = {}
+        for k, n in conn.execute(self._open_ranges, {"size": size}):
+            counts[int(k)] = counts.get(int(k), 0) + int(n)
+        return counts
+
+    def id_bounds(self, conn: Connection) -> tuple[int | None, int | None]:
+        """The smallest and the largest id in the table (None, None: empty)."""
+        low, high = conn.execute(self._id_bounds).one()
+        return low, high
 
     # ------------------------------------------------------------ rows
     def running(self, conn: Connection, *, limit: int) -> list[Any]:

@@ -140,8 +140,9 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
 
 def operator(engine: Engine, app: App, adapter: Any) -> None:
     """What `sqla-queue status`, its timeline, cancel and retry-now read and
-    write (all but the one pass that counts finished chains, which reads
-    them all by design: docs/operations.md)."""
+    write (all but a status's first pass over the finished chains, which
+    reads them all by design: docs/operations.md; its later calls read
+    primary-key ranges)."""
     queries = InspectionQueries(adapter)
     with Session(engine) as session, session.begin():
         client = QueueClient(session, app.Task.__tablename__)
@@ -152,6 +153,10 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
     for _ in range(2):
         with engine.begin() as conn:
             queries.open_groups(conn)
+            # the finished states of status' repeated calls (status_summary.py)
+            queries.open_by_range(conn, 65_536)
+            queries.id_bounds(conn)
+            queries.closed_range(conn, since=utcnow(), low=ready, high=ready + 65_535, size=65_536)
             queries.running(conn, limit=20)
             queries.newest_failures(conn, limit=10)
             queries.task_row(conn, task_id=ready)
