@@ -12,6 +12,7 @@ from .client import QueueClient
 from .events import install, uninstall
 from .exceptions import (
     ConfigurationError,
+    DuplicateTaskError,
     FanOutError,
     InvalidIdentifierError,
     InvalidTaskError,
@@ -30,6 +31,7 @@ from .payload import JsonText
 from .records import TaskRecord
 from .settings import Settings, normalize_url
 from .subscribers import SubscriberMixin, SubscriptionRecord
+from .unique import Unique, duplicate_of
 from .worker import (
     QueueApp,
     Runner,
@@ -46,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_PRIORITY",
     "ConfigurationError",
+    "DuplicateTaskError",
     "FanOutError",
     "InvalidIdentifierError",
     "InvalidTaskError",
@@ -67,12 +70,14 @@ __all__ = [
     "TaskNotFoundError",
     "TaskRecord",
     "TaskStateError",
+    "Unique",
     "UnpreparedTaskError",
     "UnsupportedOperationError",
     "WorkerBase",
     "WorkerPubSubBase",
     "WorkerWebhook",
     "dead_subscriber",
+    "duplicate_of",
     "install",
     "normalize_url",
     "subscriber",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Table, select, union_all
 from sqlalchemy.orm import DeclarativeBase, Session
 
+from . import unique
 from .adapters import Adapter, adapter_of
 from .exceptions import ConfigurationError
 from .identifiers import split_table_name
@@ -200,20 +201,32 @@ class QueueClient:
         """Enqueue one task; returns its id. Parameters: ``origem, destino,
         processo, chave_externa, payload, tenant=None, grupo_empresarial=None,
         data_hora=None, prioridade=None`` (or their English names)."""
-        row = _task_row(_normalise(args, kwargs), pub_sub=False, now=utcnow())
+        now = utcnow()
+        row = _task_row(_normalise(args, kwargs), pub_sub=False, now=now)
         fill_stamps([row])
+        return self._insert_one(row, now)
+
+    def _insert_one(self, row: dict[str, Any], now: dt.datetime) -> int:
+        """Insert ``row``; a unique task (``__queue_unique__``) is admitted
+        first, and a duplicate returns the existing task's id (unique.py)."""
         conn = self.connection
-        return self._adapter(conn).task_insert_one(conn, row=row)
+        decision = unique.admit(conn, self.table, row, now)
+        if decision.duplicate:
+            assert decision.existing is not None
+            return decision.existing
+        new_id = self._adapter(conn).task_insert_one(conn, row=row)
+        unique.bind(conn, self.table, decision, new_id)
+        return new_id
 
     def insert_task_pub_sub(self, *args: Any, **kwargs: Any) -> int:
         """Publish one task (``pub_sub`` true); returns its id. Same
         parameters as :meth:`insert_task`. A pub/sub worker fans it out to
         the subscriptions of its ``processo`` (docs/pubsub.md); no subscriber
         table is needed here, at insert time."""
-        row = _task_row(_normalise(args, kwargs), pub_sub=True, now=utcnow())
+        now = utcnow()
+        row = _task_row(_normalise(args, kwargs), pub_sub=True, now=now)
         fill_stamps([row])
-        conn = self.connection
-        return self._adapter(conn).task_insert_one(conn, row=row)
+        return self._insert_one(row, now)
 
     def insert_task_webhook(self, *args: Any, **kwargs: Any) -> int:
         """Publish one task for webhook delivery: the same as
@@ -240,6 +253,10 @@ class QueueClient:
         now = utcnow()
         rows = [_task_row(_normalise((), task), pub_sub=pub_sub, now=now) for task in tasks]
         fill_stamps(rows)
+        if unique.policies_of(self.table):
+            # unique tasks one at a time, each admitted (and the batch's own
+            # duplicates seen) before it is inserted
+            return [self._insert_one(row, now) for row in rows]
         conn = self.connection
         adapter = self._adapter(conn)
         insert_many = adapter.task_copy_many if copy else adapter.task_insert_many

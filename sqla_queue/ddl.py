@@ -50,11 +50,13 @@ def queue_tables(
     *,
     subscribers: bool = False,
     config_table: bool = False,
+    unique: bool = False,
     metadata: MetaData | None = None,
 ) -> list[Table]:
     """The tables of queue ``schema.queue``, made by the mixins on ``metadata``
     (a new one by default): the queue table (channel: the queue's name), then
-    ``<queue>_subscriber`` and ``queue_configuration`` when asked for."""
+    ``<queue>_subscriber``, ``queue_configuration`` and ``<queue>_unique``
+    when asked for."""
     validate_identifier(queue, "queue name")
     if schema is not None:
         validate_identifier(schema, "schema name")
@@ -73,6 +75,10 @@ def queue_tables(
         return type(class_name, (mixin, Base), attributes).__table__  # type: ignore[attr-defined, no-any-return]
 
     tables = [model(QueueMixin, queue, "Task")]
+    if unique:
+        from .unique import unique_table
+
+        tables.append(unique_table(tables[0]))
     if subscribers:
         tables.append(model(SubscriberMixin, queue + SUBSCRIBER_SUFFIX, "Subscriber"))
     if config_table:
@@ -96,6 +102,7 @@ def queue_ddl(
     dialect: str = "postgresql",
     subscribers: bool = False,
     config_table: bool = False,
+    unique: bool = False,
 ) -> str:
     """The SQL script that creates queue ``schema.queue`` on ``dialect``.
 
@@ -112,6 +119,7 @@ def queue_ddl(
         queue,
         subscribers=subscribers,
         config_table=config_table,
+        unique=unique,
     )
     elements: list[Any] = []
     url = make_url(DIALECTS[dialect])
@@ -129,6 +137,7 @@ def queue_ddl(
         statements += [_sql(element, engine.dialect) for element in _in_order(elements)]
     command = f"sqla-queue ddl {schema} {queue} --dialect {dialect}"
     command += " --subscribers" * subscribers + " --config-table" * config_table
+    command += " --unique" * unique
     return "\n\n".join([f"-- {command}", *statements]) + "\n"
 
 

@@ -46,6 +46,7 @@ from sqlalchemy.orm import (
     sessionmaker,
 )
 
+from . import unique
 from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
@@ -155,11 +156,15 @@ def _before_flush(session: Session, flush_context: UOWTransaction, instances: An
     tasks = [obj for obj in new if isinstance(obj, QueueMixin)]
     for obj in tasks:
         prepare_task(obj)
+    if tasks and unique.declared_any:
+        tasks = unique.admit_new_tasks(session, tasks, utcnow())
     for obj in session.dirty:
         if isinstance(obj, QueueMixin) and obj not in new:
             _prepare_payload(obj, new=False)
     if tasks and _fast_writer is not None and instances is None:
         _fast_writer(session, tasks)
+    if tasks and unique.declared_any:
+        unique.bind_written(session)  # the written tasks' keys: a flush left with no work ends here
 
 
 #: writes new tasks itself before the flush (flush_insert.py, plugged in by

@@ -84,3 +84,8 @@ class TaskNotFoundError(SqlaQueueError, LookupError):
 class TaskStateError(SqlaQueueError):
     """The task is not in a state the operation applies to (cancel takes a
     pending or scheduled task, retry-now a scheduled one)."""
+
+
+class DuplicateTaskError(SqlaQueueError):
+    """A unique task is already in the queue (``__queue_unique__``, policy
+    ``error``; sqla_queue/unique.py)."""

@@ -129,6 +129,9 @@ class QueueMixin:
     #: False: no ix_<table>_equivalente, for a queue that never looks for
     #: equivalent tasks (one index write less per insert and per sucesso)
     __queue_equivalence_index__: ClassVar[bool] = True
+    #: unique processes (sqla_queue.Unique, docs/unique.md): a table
+    #: <table>_unique beside the queue table holds who has each key
+    __queue_unique__: ClassVar[tuple[Any, ...]] = ()
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 

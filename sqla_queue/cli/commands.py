@@ -217,14 +217,28 @@ def print_ddl(schema: str, queue: str, **options: Any) -> None:
     is_flag=True,
     help="also the PEQ configuration table, SCHEMA.queue_configuration, with its rows",
 )
-def ddl(schema: str, queue: str, dialect: str, subscribers: bool, config_table: bool) -> None:
+@click.option(
+    "--unique",
+    is_flag=True,
+    help="also QUEUE_unique, the keys of unique tasks (a model with __queue_unique__)",
+)
+def ddl(
+    schema: str, queue: str, dialect: str, subscribers: bool, config_table: bool, unique: bool
+) -> None:
     """Print the SQL that creates queue table SCHEMA.QUEUE.
 
     The same tables, indexes and (PostgreSQL) NOTIFY trigger as QueueMixin,
     SubscriberMixin and ConfigurationMixin make with create_all(); the NOTIFY
     channel is QUEUE. Run it as is: psql -f, mysql <, sqlite3 DB <.
     """
-    print_ddl(schema, queue, dialect=dialect, subscribers=subscribers, config_table=config_table)
+    print_ddl(
+        schema,
+        queue,
+        dialect=dialect,
+        subscribers=subscribers,
+        config_table=config_table,
+        unique=unique,
+    )
 
 
 @main.group(name="alembic")

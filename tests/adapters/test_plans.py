@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for
 from sqla_queue.adapters.inspection import InspectionQueries
+from sqla_queue.adapters.unique import UniqueQueries
 from sqla_queue.configuration_table import configuration_table_of
 from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
 from sqla_queue.settings import Settings, normalize_url
@@ -158,6 +159,8 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
             queries.id_bounds(conn)
             queries.closed_range(conn, since=utcnow(), low=ready, high=ready + 65_535, size=65_536)
             queries.running(conn, limit=20)
+            # a unique task's chain (sqla_queue/unique.py)
+            UniqueQueries(adapter.table, adapter.table).newest_attempt(conn, ready)
             queries.newest_failures(conn, limit=10)
             queries.task_row(conn, task_id=ready)
             queries.chain_rows(conn, keys=[ready])
