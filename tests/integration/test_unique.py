@@ -234,3 +234,26 @@ def test_processes_enqueuing_the_same_keys_at_once_enqueue_each_once(
             conn.execute(select(task.external_key, func.count()).group_by(task.external_key)).all()
         )
     assert per_key == {f"k{n}": 1 for n in range(5)}
+
+
+def test_ddl_unique_prints_the_key_table_create_all_makes(tmp_path: Any) -> None:
+    """`sqla-queue ddl main QUEUE --unique --dialect sqlite`, run by sqlite3,
+    makes the key table a model with __queue_unique__ uses."""
+    import sqlite3
+
+    from sqlalchemy import create_engine
+
+    from tests.conftest import run_cli
+
+    script = run_cli("ddl", "main", "fila_ddl", "--unique", "--dialect", "sqlite").stdout
+    assert "CREATE TABLE fila_ddl_unique" in script
+    path = tmp_path / "ddl.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(script)
+    _, task, _ = build("fila_ddl")
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        first = enqueue(engine, task, processo="pular", chave_externa="d", payload={})
+        assert enqueue(engine, task, processo="pular", chave_externa="d", payload={}) == first
+    finally:
+        engine.dispose()
