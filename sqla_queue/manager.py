@@ -70,6 +70,7 @@ from .types import utcnow
 
 if TYPE_CHECKING:
     from .leases import Claims, LeasePolicy
+    from .limits import LimitedClaims
 
 __all__ = [
     "BatchResult",
@@ -156,6 +157,9 @@ class TaskManager:
         #: claims through this adapter instead, while processes are paused
         #: (the same table and locks, its claim skipping them: pause.py)
         self.claim_adapter: Adapter | None = None
+        #: the claims of processes with a fleet-wide concurrency limit
+        #: (limits.py), made before the others, which leave them out
+        self.limited: LimitedClaims | None = None
         self.backoff: RetryPolicy = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
@@ -164,10 +168,19 @@ class TaskManager:
     # ----------------------------------------------------------- claiming
     def claim(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
         adapter = self.claim_adapter or self.adapter
-        with conn.begin():
-            tasks = adapter.task_claim_many(
+        tasks: list[TaskRecord] = []
+        if self.limited is not None:
+            tasks = self.limited.claim(
                 conn, limit=limit, owner=self.owner, lease_seconds=self.lease.seconds
             )
+        if len(tasks) < limit:
+            with conn.begin():
+                tasks += adapter.task_claim_many(
+                    conn,
+                    limit=limit - len(tasks),
+                    owner=self.owner,
+                    lease_seconds=self.lease.seconds,
+                )
         self.claims.add(task.id for task in tasks)
         if self.lease_for is not None and tasks:
             self._own_leases(conn, tasks)

@@ -23,12 +23,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
+from ..adapters.limits import LimitQueries
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import configuration_table_of, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
+from ..limits import LimitedClaims, check_limits
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
 from ..manager import TaskManager
@@ -116,6 +118,14 @@ class QueueApp:
             and (self.settings.nsj_locks if cls.nsj_locks is None else cls.nsj_locks),
             "in_caller_transaction": in_transaction,
         }
+        #: processes with a fleet-wide concurrency limit (limits.py): claimed
+        #: apart, under a lock, and left out of the main claim
+        self._limits = self._limits_of(cls, claim_filter)
+        if self._limits:
+            claim_filter = dataclasses.replace(
+                claim_filter or ClaimFilter(), paused=frozenset(self._limits)
+            )
+            self._claim_filter = claim_filter
         self.adapter: Adapter = self._adapter_for(claim_filter)
         #: the adapter whose claims skip each set of paused processes (pause.py)
         self._paused_adapters: dict[frozenset[str], Adapter] = {}
@@ -146,6 +156,7 @@ class QueueApp:
             lease_for=self._lease_for(),
             hooks=self.hooks,
         )
+        self.manager.limited = self._limited_claims()
         #: wakes idle lanes, one a call (the schedule routine calls it too)
         self.wake = LaneWakeup(self.concurrency)
         self.clock = clock or SystemClock()
@@ -297,12 +308,43 @@ class QueueApp:
             **self._adapter_options,
         )
 
+    def _limits_of(self, cls: type, claim_filter: ClaimFilter | None) -> dict[str, int]:
+        """The worker's concurrency limits on the processes it claims."""
+        limits = check_limits(getattr(cls, "concurrency_limits", {}), cls.__name__)
+        if limits and claim_filter is not None:
+            if claim_filter.subscriber_ids is not None or claim_filter.all_subscribers:
+                raise ConfigurationError(
+                    f"{cls.__name__}.concurrency_limits: a pub/sub or webhook worker cannot "
+                    "limit processes (its claims route copies by subscriber)"
+                )
+            if claim_filter.processes is not None:
+                limits = {p: n for p, n in limits.items() if p in claim_filter.processes}
+        return limits
+
+    def _limited_claims(self) -> LimitedClaims | None:
+        if not self._limits:
+            return None
+        base = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=frozenset())
+        table = self.adapter.table
+        return LimitedClaims(
+            self._limits,
+            lambda process: self._adapter_for(
+                dataclasses.replace(base, processes=frozenset({process}))
+            ),
+            LimitQueries(self.adapter),
+            namespace=f"limits:{table.schema}.{table.name}",
+        )
+
     def pause_claims(self, paused: frozenset[str]) -> None:
         """Make the manager's claims skip ``paused`` processes (none: claim
         as the worker class says). An adapter per set, made once: its claim
         statements are compiled with the set in them; its locks are the
-        queue's, as the main adapter's."""
-        if not paused:
+        queue's, as the main adapter's. Processes with a concurrency limit
+        stay out of the main claim either way (limits.py)."""
+        if self.manager.limited is not None:
+            self.manager.limited.paused = paused
+        paused = paused | frozenset(self._limits)
+        if paused == frozenset(self._limits):
             self.manager.claim_adapter = None
             return
         adapter = self._paused_adapters.get(paused)

@@ -20,7 +20,7 @@ import abc
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import Connection, Engine, Table, event
@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from ..catalog import check_attributes
 from ..exceptions import ConfigurationError
+from ..limits import check_limits
 from ..maintenance.periodic import Periodic, check_periodic
 from ..mixins import QueueMixin
 from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
@@ -95,6 +96,9 @@ class WorkerBase(abc.ABC):
     #: the application's periodic tasks (sqla_queue.Periodic): the fleet of
     #: this class enqueues each due occurrence once (docs/periodic.md)
     periodic: ClassVar[Sequence[Periodic]] = ()
+    #: fleet-wide concurrency limits, process -> the most of its tasks
+    #: running at once across every worker and lane (docs/limits.md)
+    concurrency_limits: ClassVar[Mapping[str, int]] = {}
     #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
@@ -305,6 +309,7 @@ class WorkerBase(abc.ABC):
         check_attributes(cls)
         _check_no_retry(name, cls.no_retry)
         check_periodic(cls.periodic, name)
+        check_limits(cls.concurrency_limits, name)
         if cls.purge_before_delete is not None and not callable(cls.purge_before_delete):
             raise ConfigurationError(
                 f"{name}.purge_before_delete must be a function (conn, table, chain_ids), "

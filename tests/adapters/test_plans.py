@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for
 from sqla_queue.adapters.inspection import InspectionQueries
+from sqla_queue.adapters.limits import LimitQueries
 from sqla_queue.adapters.unique import UniqueQueries
 from sqla_queue.configuration_table import configuration_table_of
 from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
@@ -159,6 +160,8 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
             queries.id_bounds(conn)
             queries.closed_range(conn, since=utcnow(), low=ready, high=ready + 65_535, size=65_536)
             queries.running(conn, limit=20)
+            # a limited process's running tasks (sqla_queue/limits.py)
+            LimitQueries(adapter).running(conn, "operar")
             # a unique task's chain (sqla_queue/unique.py)
             UniqueQueries(adapter.table, adapter.table).newest_attempt(conn, ready)
             queries.newest_failures(conn, limit=10)

@@ -1,0 +1,133 @@
+"""Fleet-wide concurrency limits: at most N tasks of a process running at
+once, across every worker process and lane of the queue.
+
+A worker class declares them::
+
+    class Faturar(WorkerBase):
+        model = Task
+        concurrency_limits = {"emitir_nfe": 2}   # the tax office allows two
+
+Each claim of a limited process runs in a transaction of its own (on
+PostgreSQL too, whose claims otherwise run in autocommit), under a lock of
+that process (PostgreSQL: ``pg_advisory_xact_lock``; MySQL family:
+``GET_LOCK``, freed after the commit; SQLite: the claim's write lock,
+``BEGIN IMMEDIATE``): it counts the process's running tasks
+(``processando``, every worker's: a task counts from its claim until its
+attempt is recorded, and a dead worker's until the rescue frees it) and
+claims at most the difference. The claims of the other processes leave the
+limited ones out and run as before, with no lock. The composition root
+(``QueueApp``) builds it; the manager calls it before its own claim.
+
+Two worker classes that declare different limits for the same process
+each keep their own: declare a process's limit in one place (a common
+base class). Limits per key (a tenant) and rate limits (tasks per second)
+are not built.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from .adapters import Adapter
+from .adapters.limits import LimitQueries
+from .exceptions import ConfigurationError
+from .records import TaskRecord
+
+__all__ = ["LimitedClaims", "check_limits"]
+
+#: seconds a claim waits for another worker's claim of the same process
+LOCK_WAIT_SECONDS = 30.0
+
+
+def check_limits(limits: Any, owner: str) -> dict[str, int]:
+    """``concurrency_limits`` checked: a mapping of process to a positive
+    int; a one-line ``ConfigurationError`` otherwise."""
+    if not isinstance(limits, Mapping):
+        raise ConfigurationError(
+            f"{owner}.concurrency_limits must be a mapping of process to a number, not {limits!r}"
+        )
+    checked: dict[str, int] = {}
+    for process, limit in limits.items():
+        if not isinstance(process, str) or not process.strip():
+            raise ConfigurationError(
+                f"{owner}.concurrency_limits: a process must be a non-empty string, not {process!r}"
+            )
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(
+                f"{owner}.concurrency_limits[{process!r}] must be a whole number of at least 1, "
+                f"not {limit!r}"
+            )
+        checked[process] = limit
+    return checked
+
+
+class LimitedClaims:
+    """The claims of the limited processes (see the module)."""
+
+    def __init__(
+        self,
+        limits: Mapping[str, int],
+        adapter_for: Callable[[str], Adapter],
+        queries: LimitQueries,
+        namespace: str,
+    ) -> None:
+        self.limits = dict(limits)
+        #: one adapter per limited process, its claim taking only that process
+        self.adapters = {process: adapter_for(process) for process in self.limits}
+        self.queries = queries
+        self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
+        #: paused processes (pause.py): not claimed
+        self.paused: frozenset[str] = frozenset()
+        self._turn = 0
+
+    def claim(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        """Up to ``limit`` tasks of the limited processes, each process in
+        its own transaction and never past its limit; the processes take
+        turns being first."""
+        order = sorted(self.limits)
+        self._turn = (self._turn + 1) % len(order)
+        tasks: list[TaskRecord] = []
+        for process in order[self._turn :] + order[: self._turn]:
+            if len(tasks) >= limit:
+                break
+            if process in self.paused:
+                continue
+            tasks += self._claim_one(conn, process, limit - len(tasks), owner, lease_seconds)
+        return tasks
+
+    def _claim_one(
+        self, conn: Connection, process: str, limit: int, owner: str, lease_seconds: float
+    ) -> Sequence[TaskRecord]:
+        adapter = self.adapters[process]
+        name = None
+        # the count and the claim in one transaction under the lock: where
+        # claims run in autocommit (PostgreSQL), this one does not
+        if adapter.claim_autocommit:
+            conn.execution_options(isolation_level="READ COMMITTED")
+        try:
+            with conn.begin():
+                name = adapter.bucket_lock(
+                    conn,
+                    namespace=self.namespace,
+                    bucket=zlib.crc32(process.encode()) & 0x7FFFFFFF,
+                    wait_seconds=LOCK_WAIT_SECONDS,
+                )
+                free = self.limits[process] - self.queries.running(conn, process)
+                if free <= 0:
+                    return []
+                return adapter.task_claim_many(
+                    conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
+                )
+        finally:
+            if name is not None:
+                adapter.bucket_unlock(conn, name)  # after the commit (GET_LOCK outlives it)
+                if conn.in_transaction():
+                    conn.commit()
+            if adapter.claim_autocommit:
+                conn.execution_options(isolation_level="AUTOCOMMIT")

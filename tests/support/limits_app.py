@@ -1,0 +1,55 @@
+"""A worker with a fleet-wide concurrency limit of 2 on process
+``limitado`` (sqla_queue/limits.py), on the table named by
+``SQLA_QUEUE_TEST_TABLE``. Each handler counts itself in and out of a
+counter per process shared by every worker process (a file under
+``SQLA_QUEUE_TEST_PROBE``, updated under ``flock``), holding its task for
+``HOLD_SECONDS``, and keeps the largest count seen: the limit test reads it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tests.support.app import RecordingWorker
+
+LIMIT = 2
+#: the work a task stands for: long enough for lanes to overlap
+HOLD_SECONDS = 0.05
+
+
+def _update(process: str, step: int) -> None:
+    path = Path(os.environ["SQLA_QUEUE_TEST_PROBE"]) / f"{process}.count"
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now, most = (int(x) for x in (path.read_text().split() if path.exists() else ["0", "0"]))
+        now += step
+        path.write_text(f"{now} {max(most, now)}")
+
+
+@contextlib.contextmanager
+def counted(process: str) -> Iterator[None]:
+    _update(process, 1)
+    try:
+        yield
+    finally:
+        _update(process, -1)
+
+
+def most_at_once(probe: Path, process: str) -> int:
+    path = probe / f"{process}.count"
+    return int(path.read_text().split()[1]) if path.exists() else 0
+
+
+class LimitedWorker(RecordingWorker):
+    concurrency_limits: ClassVar[dict[str, int]] = {"limitado": LIMIT}
+    batch_size = 4
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        with counted(str(task.process)):
+            time.sleep(HOLD_SECONDS)  # the task's work (not a wait for something)
+        return super().execute(payload, task, session)
