@@ -82,6 +82,8 @@ class LimitedClaims:
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: paused processes (pause.py): not claimed
         self.paused: frozenset[str] = frozenset()
+        #: the last claim took every free slot of a process (see claim)
+        self.capped = False
         self._turn = 0
 
     def claim(
@@ -92,6 +94,7 @@ class LimitedClaims:
         turns being first."""
         order = sorted(self.limits)
         self._turn = (self._turn + 1) % len(order)
+        self.capped = False
         tasks: list[TaskRecord] = []
         for process in order[self._turn :] + order[: self._turn]:
             if len(tasks) >= limit:
@@ -120,10 +123,14 @@ class LimitedClaims:
                 )
                 free = self.limits[process] - self.queries.running(conn, process)
                 if free <= 0:
-                    return []
-                return adapter.task_claim_many(
+                    return []  # other workers hold the slots: they claim again
+                taken = adapter.task_claim_many(
                     conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
                 )
+                # every free slot taken: more may wait, and no wake-up will say
+                # so when these finish; the lane claims again after its batch
+                self.capped = self.capped or len(taken) == free
+                return taken
         finally:
             if name is not None:
                 adapter.bucket_unlock(conn, name)  # after the commit (GET_LOCK outlives it)

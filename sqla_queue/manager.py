@@ -186,6 +186,12 @@ class TaskManager:
             self._own_leases(conn, tasks)
         return tasks
 
+    @property
+    def claim_capped(self) -> bool:
+        """The last claim stopped at a concurrency limit with slots of its
+        own (limits.py): claim again after the batch, as after a full one."""
+        return self.limited is not None and self.limited.capped
+
     def _own_leases(self, conn: Connection, tasks: Sequence[TaskRecord]) -> None:
         """Give the tasks whose lease differs from the worker's their own,
         now and at every heartbeat."""

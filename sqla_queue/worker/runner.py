@@ -346,7 +346,7 @@ class Runner:
                 batch = limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
-                    full = len(tasks) >= batch
+                    full = len(tasks) >= batch or manager.claim_capped
                     if full:
                         self.wake.set()  # more may wait: one more lane looks
                     self.busy[index] = True

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
 from sqla_queue import ConfigurationError, QueueApp, QueueClient
 from sqla_queue.settings import Settings
-from tests.acceptance.test_concurrency import effects, spawned, worker_env
+from tests.acceptance.test_concurrency import effects, spawned, stop_gracefully, worker_env
+from tests.conftest import wait_until
 from tests.support.app import App
 from tests.support.limits_app import LIMIT, most_at_once
 
@@ -87,3 +88,42 @@ def test_the_main_claim_leaves_limited_processes_to_the_limited_claim(
     assert (
         sorted(s for p, s in statuses if p == "limitado") == ["pendente"] * 3 + ["processando"] * 2
     )
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_limited_backlog_drains_without_waiting_for_a_wake_up(
+    engine: Engine, app: App, db_url: str, tmp_path: Path
+) -> None:
+    """With LISTEN, an idle lane waits for a notification (the fallback
+    poll here: a minute). A claim cut short by the limit is not "all there
+    was": the lane claims again after its batch, so 12 tasks limited to 1
+    at a time finish with no enqueue to wake anyone."""
+    env = worker_env(
+        app.Task.__table__.name,
+        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
+        QUEUE_WAIT_NOTIFY_INTERVAL="60",
+    )
+    # enqueued before the worker starts: no notification is left to wake it
+    with engine.begin() as conn:
+        QueueClient(conn, app.Task).insert_tasks(
+            [{"process": "limitado", "payload": {"n": n}} for n in range(12)]
+        )
+    args = ("worker", "tests.support.limits_app:DrainWorker", "--url", db_url)
+    with spawned(*args, "--concurrency", "2", env=env) as workers:
+        wait_until(lambda: len(effects(engine, app)) >= 12, timeout=30, message="the backlog")
+        wait_until(
+            lambda: listening(engine, app.Task.__table__.name), message="the worker to LISTEN"
+        )
+        stop_gracefully(workers)
+
+
+def listening(engine: Engine, table: str) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"' || :t || '\"'"
+                ),
+                {"t": table},
+            ).scalar_one()
+        )

@@ -53,3 +53,11 @@ class LimitedWorker(RecordingWorker):
         with counted(str(task.process)):
             time.sleep(HOLD_SECONDS)  # the task's work (not a wait for something)
         return super().execute(payload, task, session)
+
+
+class DrainWorker(RecordingWorker):
+    """One at a time, fast tasks, big batches: its claims always stop at the
+    limit well short of the batch size."""
+
+    concurrency_limits: ClassVar[dict[str, int]] = {"limitado": 1}
+    batch_size = 50
