@@ -147,7 +147,8 @@ def task_lock_is_free(engine: Engine, app: App, task_id: int) -> bool:
             held = conn.execute(
                 text(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
-                    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database()) "
                     "AND classid = CAST(:classid AS oid) AND objid = CAST(:objid AS oid)"
                 ),
                 {
