@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import events as _events
 from . import flush_insert as _flush_insert
+from . import status_summary as _status_summary  # noqa: F401  (<table>_status, made with the queue table)
 from .client import QueueClient
 from .events import install, uninstall
 from .exceptions import (

@@ -54,9 +54,9 @@ def queue_tables(
     metadata: MetaData | None = None,
 ) -> list[Table]:
     """The tables of queue ``schema.queue``, made by the mixins on ``metadata``
-    (a new one by default): the queue table (channel: the queue's name), then
-    ``<queue>_subscriber``, ``queue_configuration`` and ``<queue>_unique``
-    when asked for."""
+    (a new one by default): the queue table (channel: the queue's name) and
+    ``<queue>_status``, then ``<queue>_subscriber``, ``queue_configuration``
+    and ``<queue>_unique`` when asked for."""
     validate_identifier(queue, "queue name")
     if schema is not None:
         validate_identifier(schema, "schema name")
@@ -75,6 +75,10 @@ def queue_tables(
         return type(class_name, (mixin, Base), attributes).__table__  # type: ignore[attr-defined, no-any-return]
 
     tables = [model(QueueMixin, queue, "Task")]
+    # status's kept counts (status_summary.py), made by create_all() with it
+    from .status_summary import status_table
+
+    tables.append(status_table(tables[0]))
     if unique:
         from .unique import unique_table
 

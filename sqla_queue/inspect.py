@@ -346,6 +346,7 @@ def queue_status(
         closed_groups = status_summary.closed_groups(
             conn, queries, since=since, now=now, exact=exact
         )
+        engine = conn.engine
         running_rows = queries.running(conn, limit=running) if running else []
         failure_rows = queries.newest_failures(conn, limit=failures) if failures else []
         table_health = adapter.table_health(conn)
@@ -356,6 +357,9 @@ def queue_status(
             if periodic and isinstance(queue, type)
             else {}
         )
+    # the finished states' counts kept for the next call, now that the reads
+    # are over (status_summary.py)
+    status_summary.save_counted(engine, queries, own=isinstance(bind, Engine))
     processes: dict[str, Counts] = {}
     tenant_processes: dict[str, dict[str, Counts]] = {}
     oldest: dt.datetime | None = None

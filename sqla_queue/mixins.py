@@ -132,6 +132,9 @@ class QueueMixin:
     #: unique processes (sqla_queue.Unique, docs/unique.md): a table
     #: <table>_unique beside the queue table holds who has each key
     __queue_unique__: ClassVar[tuple[Any, ...]] = ()
+    #: False: no <table>_status beside the queue table (the finished
+    #: states' counts that sqla-queue status keeps: status_summary.py)
+    __queue_status_table__: ClassVar[bool] = True
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 

@@ -23,23 +23,55 @@ range's counts until something could have changed them:
   attempts and leave no other trace, so they show within that bound.
   ``queue_status(..., exact=True)`` counts every range again.
 
-Each range is one grouped statement over a primary-key range. The first
-call of a process counts every range; a one-shot ``sqla-queue status``
-always does, so it is always exact.
+Each range is one grouped statement over a primary-key range. The counts
+are also kept in the database, in ``<table>_status`` beside the queue
+table (made by ``create_all()`` with it; ``__queue_status_table__ = False``
+on the model goes without): a process's first call (a one-shot
+``sqla-queue status``) reads them from there, with the same rules, instead
+of counting every range again, and each call writes the ranges it counted,
+in a short transaction of its own. Without the table, the first call of a
+process counts every range.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Connection
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    Engine,
+    Integer,
+    Table,
+    Text,
+    delete,
+    event,
+    inspect,
+    select,
+)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Mapper
+
+from .identifiers import derived_identifier
+from .mixins import QueueMixin
 
 if TYPE_CHECKING:
     from .adapters.inspection import InspectionQueries
 
-__all__ = ["CHUNK_IDS", "STALE_SECONDS", "ClosedGroup", "closed_groups", "forget_all"]
+__all__ = [
+    "CHUNK_IDS",
+    "STALE_SECONDS",
+    "ClosedGroup",
+    "closed_groups",
+    "forget_all",
+    "status_table",
+]
 
 #: ids per range
 CHUNK_IDS = 65_536
@@ -91,7 +123,10 @@ def closed_groups(
     """The finished attempts by (processo, tenant, status, dead, requeued,
     head), with how many finished at or after ``since`` (see the module)."""
     key = _key(conn, queries)
+    store = _store_of(conn, queries.adapter.table, key)
     kept = None if exact else _kept.get(key)
+    if kept is None and not exact and store is not None:
+        kept = _load(conn, store)
     # open counts first: a row that finishes after this read makes its range
     # differ next time, never the other way round
     open_counts = queries.open_by_range(conn, CHUNK_IDS)
@@ -153,7 +188,27 @@ def closed_groups(
                 ],
             )
     _kept[key] = _Kept(covered, ranges)
+    if store is not None:
+        engine, before = conn.engine, kept
+        _pending[key] = lambda: _save(engine, store, covered, ranges, now_epoch, before)
     return found
+
+
+#: the counts a call will write once its reads are over (save_counted)
+_pending: dict[tuple[str, str | None, str], Callable[[], None]] = {}
+
+
+def save_counted(conn_or_engine: Any, queries: InspectionQueries, *, own: bool) -> None:
+    """Write what the last :func:`closed_groups` of this queue counted, on a
+    connection of its own, after the status's reads ended (``own``: the
+    status had a connection of its own, now closed). A status read in the
+    caller's transaction (a Session or Connection) on SQLite writes
+    nothing: the database's one writer would wait for that transaction."""
+    conn = conn_or_engine
+    key = (conn.url.render_as_string(hide_password=True), *(_key_tail(queries)))
+    pending = _pending.pop(key, None)
+    if pending is not None and queries.writes_apart(conn, after_own_connection=own):
+        pending()
 
 
 def _count(
@@ -178,8 +233,132 @@ def forget_all() -> None:
 
 def _key(conn: Connection, queries: InspectionQueries) -> tuple[str, str | None, str]:
     """Which counts: the database (its URL without password) and the table."""
+    return (conn.engine.url.render_as_string(hide_password=True), *_key_tail(queries))
+
+
+def _key_tail(queries: InspectionQueries) -> tuple[str | None, str]:
     table = queries.adapter.table
-    return (conn.engine.url.render_as_string(hide_password=True), table.schema, table.name)
+    return table.schema, table.name
+
+
+# ------------------------------------------------------------ the stored counts
+#: per database and table: its <table>_status, or None when it has none
+_stores: dict[tuple[str, str | None, str], Table | None] = {}
+#: the row that holds ``covered`` (in ``low``)
+_COVERED_ROW = -1
+
+
+def status_table(table: Table) -> Table:
+    """``<table>_status``: the finished attempts' counts per range of ids."""
+    name = derived_identifier(table.name, "status", "")
+    found = table.metadata.tables.get(f"{table.schema}.{name}" if table.schema else name)
+    if found is not None:
+        return found
+    return Table(
+        name,
+        table.metadata,
+        Column("range_id", BigInteger, primary_key=True, autoincrement=False),
+        Column("open_count", Integer, nullable=False),
+        Column("low", BigInteger),
+        Column("finished", Double),
+        Column("counted_at", Double, nullable=False),
+        Column("groups_json", Text, nullable=False),
+        schema=table.schema,
+        info={"sqla_queue_status_of": table.name},
+    )
+
+
+@event.listens_for(QueueMixin, "after_mapper_constructed", propagate=True)
+def _declare(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
+    table = mapper.local_table
+    if (
+        isinstance(table, Table)
+        and mapper.inherits is None
+        and getattr(cls, "__queue_status_table__", True)
+    ):
+        status_table(table)
+
+
+def _store_of(conn: Connection, table: Table, key: tuple[str, str | None, str]) -> Table | None:
+    """The queue's ``<table>_status`` when the database has it (asked once
+    per process and queue)."""
+    if key not in _stores:
+        store = status_table(table) if table.metadata is not None else None
+        try:
+            exists = store is not None and inspect(conn).has_table(store.name, schema=store.schema)
+        except SQLAlchemyError:
+            exists = False
+        _stores[key] = store if exists else None
+    return _stores[key]
+
+
+def _load(conn: Connection, store: Table) -> _Kept | None:
+    ranges: dict[int, _Range] = {}
+    covered = None
+    for row in conn.execute(select(store)):
+        if row.range_id == _COVERED_ROW:
+            covered = row.low
+            continue
+        try:
+            groups = [ClosedGroup(*group, 0) for group in json.loads(row.groups_json)]  # type: ignore[call-arg]
+        except (ValueError, TypeError):
+            return None  # not what this version wrote: count again
+        ranges[int(row.range_id)] = _Range(
+            open=int(row.open_count),
+            low=row.low,
+            finished=row.finished,
+            at=float(row.counted_at),
+            groups=groups,
+        )
+    return None if covered is None else _Kept(int(covered), ranges)
+
+
+def _save(
+    engine: Engine,
+    store: Table,
+    covered: int,
+    ranges: dict[int, _Range],
+    now_epoch: float,
+    before: _Kept | None,
+) -> None:
+    """Write the ranges counted now and drop those gone, in a short
+    transaction of its own (a status only reads in its caller's
+    transaction, and a row lock held until the caller commits would stall
+    every other status)."""
+    old = before.ranges if before is not None else {}
+    written = [k for k, r in ranges.items() if r.at == now_epoch or k not in old]
+    dropped = [k for k in old if k not in ranges]
+    if not written and not dropped and before is not None and before.covered == covered:
+        return
+    rows = [
+        {
+            "range_id": k,
+            "open_count": ranges[k].open,
+            "low": ranges[k].low,
+            "finished": ranges[k].finished,
+            "counted_at": ranges[k].at,
+            "groups_json": json.dumps([list(g[:7]) for g in ranges[k].groups]),
+        }
+        for k in written
+    ]
+    rows.append(
+        {
+            "range_id": _COVERED_ROW,
+            "open_count": 0,
+            "low": covered,
+            "finished": None,
+            "counted_at": now_epoch,
+            "groups_json": "[]",
+        }
+    )
+    ids = [row["range_id"] for row in rows] + dropped
+    try:
+        with engine.connect() as own, own.begin():
+            for start in range(0, len(ids), 500):
+                own.execute(delete(store).where(store.c.range_id.in_(ids[start : start + 500])))
+            own.execute(store.insert(), rows)
+    except SQLAlchemyError:
+        pass  # another status wrote them meanwhile, or the table is not writable here
 
 
 def _epoch(value: dt.datetime) -> float:

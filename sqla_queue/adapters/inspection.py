@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     BigInteger,
     Connection,
+    Engine,
     Integer,
     bindparam,
     case,
@@ -245,6 +246,15 @@ class InspectionQueries:
         smallest id (``low``) and newest ``finished_at`` (``finished``)."""
         params = {"since": since, "low": low, "high": high, "size": size}
         return list(conn.execute(self._closed_range, params))
+
+    def writes_apart(self, engine: Engine, *, after_own_connection: bool) -> bool:
+        """Whether a status may write its kept counts on a connection of its
+        own now. On SQLite only once its own connection is closed (the one
+        writer would wait for a caller's open transaction), and never on an
+        in-memory database (one connection, shared)."""
+        if engine.dialect.name != "sqlite":
+            return True
+        return after_own_connection and engine.url.database not in (None, "", ":memory:")
 
     def open_by_range(self, conn: Connection, size: int) -> dict[int, int]:
         """How many open attempts each range of ``size`` ids holds (range

@@ -30,7 +30,7 @@ from typing import Any
 from alembic.autogenerate import renderers
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation, Operations
-from sqlalchemy import Column, Index, String, Text, column, table, text
+from sqlalchemy import Column, Index, String, Text, column, inspect, table, text
 from sqlalchemy.dialects import postgresql
 
 from ..configuration_table import SettingRow
@@ -491,6 +491,22 @@ def _rename_queue_table(operations: Operations, op: RenameQueueTableOp) -> None:
     if postgres:
         operations.execute(new.create_function)
         operations.execute(new.create_trigger)
+    _rename_companions(operations, op)
+
+
+def _rename_companions(operations: Operations, op: RenameQueueTableOp) -> None:
+    """The tables that go with a queue table, where the database has them:
+    ``<table>_status`` (status's kept counts) and ``<table>_unique`` (unique
+    tasks' keys). Offline (``--sql``) the database cannot be asked: rename
+    them by hand there."""
+    if operations.get_context().as_sql:
+        return
+    inspector = inspect(operations.get_bind())
+    for suffix in ("status", "unique"):
+        old_name = derived_identifier(op.old_table_name, suffix, "")
+        if inspector.has_table(old_name, schema=op.schema):
+            new_name = derived_identifier(op.new_table_name, suffix, "")
+            operations.rename_table(old_name, new_name, schema=op.schema)
 
 
 @renderers.dispatch_for(RenameQueueTableOp)

@@ -412,7 +412,7 @@ def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
         try:
             Base.metadata.create_all(engine)
             metadata = MetaData()
-            [_, config] = queue_tables(None, "fila_a", config_table=True, metadata=metadata)
+            *_, config = queue_tables(None, "fila_a", config_table=True, metadata=metadata)
             config.create(engine)
             with engine.begin() as conn:
                 conn.execute(insert(config), list(configuration_rows(config) or ()))

@@ -15,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, delete, func, inspect, select, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, status_summary
@@ -166,3 +166,72 @@ def test_a_repeated_call_reads_only_the_newest_ranges(
     queue_status(engine, app.Task, now=now)
     changed = (low + 5) // 4 * 4
     assert ranges_read[0] == (changed, changed + 3) and len(ranges_read) == 2
+
+
+def test_a_new_process_reads_the_kept_counts_from_the_status_table(
+    engine: Engine, app: App, installed: None, ranges_read: list[tuple[int, int]]
+) -> None:
+    """The counts are kept in <table>_status too: a process's first call
+    (here: the memory dropped, as in a new process) reads only the ranges
+    that may have changed, and counts right."""
+    assert inspect(engine).has_table(f"{app.Task.__tablename__}_status")
+    build_history(engine, app)
+    with Session(engine) as session:
+        session.add_all([app.Task(process="faturar", payload={"n": n}) for n in range(30)])
+        session.commit()
+    with Session(engine) as session:
+        run_until_empty(app.RecordingWorker, session)
+        session.commit()
+    same_as_definition(engine, app)
+    status_summary.forget_all()  # a new process
+    ranges_read.clear()
+    same_as_definition(engine, app)
+    with engine.connect() as conn:
+        low, high = conn.execute(select(func.min(app.Task.id), func.max(app.Task.id))).one()
+    # the newest two ranges only (the kept ones' open counts did not change),
+    # not a pass from the first id
+    [(start, end)] = ranges_read
+    assert end == high and start == max(low, (high // 4 - 1) * 4) > low
+    # a task finishes in a kept range: counted right by a new process too
+    with Session(engine) as session:
+        QueueClient(session, app.Task).retry_now(
+            session.scalar(select(app.Task.id).where(app.Task.status == "agendada"))
+        )
+        session.commit()
+
+    class Everything(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"relatorio", "backoff"})
+
+    with Session(engine) as session:
+        run_until_empty(Everything, session)
+        session.commit()
+    status_summary.forget_all()
+    same_as_definition(engine, app)
+
+
+def test_without_the_status_table_every_new_process_counts_everything(
+    db_url: str, table_name: str, ranges_read: list[tuple[int, int]]
+) -> None:
+    from sqlalchemy.orm import DeclarativeBase
+
+    from sqla_queue import QueueMixin
+    from tests.conftest import created_engine
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(QueueMixin, Base):
+        __tablename__ = table_name
+        __queue_status_table__ = False
+
+    assert list(Base.metadata.tables) == [table_name]
+    with created_engine(db_url, Base.metadata) as engine:
+        with engine.begin() as conn:
+            QueueClient(conn, Task).insert_tasks([{"processo": "p", "payload": {}}] * 9)
+        queue_status(engine, Task)
+        status_summary.forget_all()
+        ranges_read.clear()
+        assert queue_status(engine, Task).as_json()["totals"]["ready"] == 9
+        with engine.connect() as conn:
+            low, high = conn.execute(select(func.min(Task.id), func.max(Task.id))).one()
+        assert ranges_read == [(low, high)]  # one pass over everything
