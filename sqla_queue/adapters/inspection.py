@@ -85,22 +85,9 @@ class InspectionQueries:
         requeued = case((func.coalesce(c.reenfileirado, false()) == true(), 1), else_=0)
         since = bindparam("since", type_=UtcDateTime())
         recent = func.sum(case((c.finished_at >= since, 1), else_=0))
-        self._closed = (
-            select(
-                c.processo,
-                c.tenant,
-                c.status,
-                dead.label("dead"),
-                requeued.label("requeued"),
-                head.label("head"),
-                func.count().label("n"),
-                recent.label("recent"),
-            )
-            .where(status_is(c.status, *CLOSED_STATUSES))
-            .group_by(c.processo, c.tenant, c.status, dead, requeued, head)
-        )
-        # the same, over one range of ids (status_summary.py), with what the
-        # summary keeps of it: its smallest id and newest finish
+        # the finished attempts by kind, over a range of ids and by range of
+        # ``size`` ids (status_summary.py), with what is kept of each range:
+        # its smallest id and newest finish
         low, high = bindparam("low", type_=BigInteger), bindparam("high", type_=BigInteger)
         size = bindparam("size", type_=BigInteger, literal_execute=True)
         self._closed_range = (
@@ -232,18 +219,14 @@ class InspectionQueries:
         1 for a chain's first row."""
         return list(conn.execute(self._open))
 
-    def closed_groups(self, conn: Connection, *, since: dt.datetime) -> list[Any]:
-        """(processo, tenant, status, dead, requeued, head, n, recent) of
-        the finished attempts; ``recent``: how many finished at or after
-        ``since``."""
-        return list(conn.execute(self._closed, {"since": since}))
-
     def closed_range(
         self, conn: Connection, *, since: dt.datetime, low: int, high: int, size: int
     ) -> list[Any]:
-        """:meth:`closed_groups` of the ids ``low`` to ``high`` (a primary-key
-        range) by range of ``size`` ids too (``k``), each group with its
-        smallest id (``low``) and newest ``finished_at`` (``finished``)."""
+        """(k, processo, tenant, status, dead, requeued, head, n, recent,
+        low, finished) of the finished attempts with ids ``low`` to ``high``
+        (a primary-key range): ``k`` the range of ``size`` ids, ``recent``
+        how many finished at or after ``since``, ``low`` the group's
+        smallest id, ``finished`` its newest ``finished_at``."""
         params = {"since": since, "low": low, "high": high, "size": size}
         return list(conn.execute(self._closed_range, params))
 

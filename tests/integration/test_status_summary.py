@@ -61,6 +61,16 @@ def same_as_definition(engine: Engine, app: App, **kwargs: Any) -> None:
     assert processes(engine, app, **kwargs) == counts_by_definition(engine, app.Task.__table__)
 
 
+def run_forty(engine: Engine, app: App, process: str = "p") -> None:
+    """40 tasks of ``process`` enqueued and run: 10 ranges of finished attempts."""
+    with Session(engine) as session:
+        session.add_all([app.Task(process=process, payload={"n": n}) for n in range(40)])
+        session.commit()
+    with Session(engine) as session:
+        run_until_empty(app.RecordingWorker, session)
+        session.commit()
+
+
 def test_kept_counts_follow_every_change_of_the_finished_attempts(
     engine: Engine, app: App, installed: None
 ) -> None:
@@ -98,12 +108,7 @@ def test_kept_counts_follow_every_change_of_the_finished_attempts(
 def test_deletions_show_at_once_from_below_and_within_the_stale_bound_elsewhere(
     engine: Engine, app: App, installed: None
 ) -> None:
-    with Session(engine) as session:
-        session.add_all([app.Task(process="p", payload={"n": n}) for n in range(40)])
-        session.commit()
-    with Session(engine) as session:
-        run_until_empty(app.RecordingWorker, session)
-        session.commit()
+    run_forty(engine, app)
     # later than the throughput window's reach: no range is counted for it
     now = utcnow() + dt.timedelta(minutes=10)
     same_as_definition(engine, app, now=now)
@@ -132,12 +137,7 @@ def test_deletions_show_at_once_from_below_and_within_the_stale_bound_elsewhere(
 def test_a_repeated_call_reads_only_the_newest_ranges(
     engine: Engine, app: App, installed: None, ranges_read: list[tuple[int, int]]
 ) -> None:
-    with Session(engine) as session:
-        session.add_all([app.Task(process="p", payload={"n": n}) for n in range(40)])
-        session.commit()
-    with Session(engine) as session:
-        run_until_empty(app.RecordingWorker, session)
-        session.commit()
+    run_forty(engine, app)
     with engine.connect() as conn:
         low, high = conn.execute(select(func.min(app.Task.id), func.max(app.Task.id))).one()
     now = utcnow() + dt.timedelta(minutes=10)
