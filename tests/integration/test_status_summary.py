@@ -235,3 +235,34 @@ def test_without_the_status_table_every_new_process_counts_everything(
         with engine.connect() as conn:
             low, high = conn.execute(select(func.min(Task.id), func.max(Task.id))).one()
         assert ranges_read == [(low, high)]  # one pass over everything
+
+
+def test_status_calls_from_several_threads_at_once_count_right(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The dashboard answers requests in threads, and several processes
+    write <table>_status: calls at once, each as a new process (memory
+    dropped) or not, never fail and always count right."""
+    import threading
+
+    run_forty(engine, app)
+    expected = counts_by_definition(engine, app.Task.__table__)
+    errors: list[BaseException] = []
+    results: list[dict[str, Any]] = []
+
+    def call(n: int) -> None:
+        try:
+            for i in range(6):
+                if (n + i) % 3 == 0:
+                    status_summary.forget_all()
+                results.append(processes(engine, app, now=utcnow() + dt.timedelta(minutes=10)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert len(results) == 24 and all(result == expected for result in results)
