@@ -7,18 +7,27 @@ once."""
 
 from __future__ import annotations
 
+import itertools
+import signal
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, QueueClient
 from sqla_queue.settings import Settings
-from tests.acceptance.test_concurrency import effects, spawned, stop_gracefully, worker_env
+from tests.acceptance.test_concurrency import (
+    effects,
+    lease_expired,
+    spawned,
+    stop_gracefully,
+    worker_env,
+)
 from tests.conftest import wait_until
 from tests.support.app import App
-from tests.support.limits_app import LIMIT, most_at_once
+from tests.support.limits_app import LIMIT, most_at_once, spans
 
 
 def test_a_limited_process_never_runs_past_its_limit_across_the_fleet(
@@ -127,3 +136,48 @@ def listening(engine: Engine, table: str) -> bool:
                 {"t": table},
             ).scalar_one()
         )
+
+
+def test_a_killed_workers_limited_task_holds_its_slot_until_the_rescue(
+    engine: Engine, app: App, db_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL a worker in the middle of the one task of a process limited
+    to 1: the task stays processando and still counts, so a second worker
+    runs no task of that process until its rescue has freed the slot (its
+    failed attempt's finished_at); then it runs them one at a time, and
+    every task once."""
+    env = worker_env(
+        app.Task.__table__.name,
+        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
+        SQLA_QUEUE_TEST_SIGNAL_DIR=str(tmp_path),
+        SQLA_QUEUE_TEST_LEASE="1",
+    )
+    with engine.begin() as conn:
+        [blocked, *_] = QueueClient(conn, app.Task).insert_tasks(
+            [{"process": "limitado", "payload": {"block": True}}]
+            + [{"process": "limitado", "payload": {"n": n}} for n in range(3)]
+        )
+    worker = "tests.support.limits_app:OneAtATimeWorker"
+    args = ("worker", worker, "--url", db_url, "--concurrency", "2")
+    with spawned(*args, env=env) as [first]:
+        wait_until(lambda: (tmp_path / f"started-{blocked}").exists(), message="the task")
+        first.proc.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    (tmp_path / "go").touch()
+    if engine.dialect.name == "sqlite":  # no lock dies with the worker there
+        wait_until(lambda: lease_expired(engine, app, blocked), message="the lease to expire")
+    with spawned(*args, "--burst", env=env) as [second]:
+        assert second.wait(timeout=90) == 0, second.output
+    with Session(engine) as session:
+        rows = session.scalars(select(app.Task).order_by(app.Task.id)).all()
+    lost = next(row for row in rows if row.id == blocked)
+    assert lost.status == "falha_processando" and lost.finished_at is not None
+    ran = spans(tmp_path)
+    assert sorted(task_id for _, task_id, _, _ in ran) == sorted(
+        [row.id for row in rows if row.status == "sucesso"]
+    )
+    assert len(ran) == 4  # the rescued task's retry and the three others, once each
+    freed = lost.finished_at.timestamp()
+    assert all(start >= freed for _, _, start, _ in ran), (freed, ran)
+    ordered = sorted(ran, key=lambda span: span[2])
+    assert all(a[3] <= b[2] for a, b in itertools.pairwise(ordered))  # one at a time

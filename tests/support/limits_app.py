@@ -61,3 +61,41 @@ class DrainWorker(RecordingWorker):
 
     concurrency_limits: ClassVar[dict[str, int]] = {"limitado": 1}
     batch_size = 50
+
+
+def _span(process: str, task_id: int, start: float, end: float) -> None:
+    path = Path(os.environ["SQLA_QUEUE_TEST_PROBE"]) / "spans"
+    with open(path, "a") as spans:
+        fcntl.flock(spans, fcntl.LOCK_EX)
+        spans.write(f"{process} {task_id} {start!r} {end!r}\n")
+
+
+def spans(probe: Path) -> list[tuple[str, int, float, float]]:
+    """(process, task id, start, end) of every handler run that returned."""
+    path = probe / "spans"
+    lines = path.read_text().split("\n") if path.exists() else []
+    return [(p, int(i), float(a), float(b)) for p, i, a, b in (x.split() for x in lines if x)]
+
+
+class OneAtATimeWorker(RecordingWorker):
+    """One ``limitado`` task at a time across the fleet. A task whose
+    payload says ``block`` signals that it started (``started-ID`` in
+    ``SQLA_QUEUE_TEST_SIGNAL_DIR``) and waits for a ``go`` file there; every
+    run that returns writes its span."""
+
+    concurrency_limits: ClassVar[dict[str, int]] = {"limitado": 1}
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        start = time.time()
+        if isinstance(payload, dict) and payload.get("block"):
+            directory = Path(os.environ["SQLA_QUEUE_TEST_SIGNAL_DIR"])
+            (directory / f"started-{task.id}").touch()
+            deadline = time.monotonic() + 60
+            while not (directory / "go").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no go file within 60 s")
+                time.sleep(0.01)  # the handler's own work, not a test wait
+        time.sleep(HOLD_SECONDS)  # the task's work
+        result = super().execute(payload, task, session)
+        _span(str(task.process), int(task.id), start, time.time())
+        return result
