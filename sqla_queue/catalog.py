@@ -1053,6 +1053,11 @@ def _table_value(entry: Setting, row: TableRow) -> Any:
     return entry.kind.parse(name, raw)
 
 
+#: rows of the configuration table that hold state, not settings: the rate
+#: limits' token buckets (``rate:<hash of queue and process>``, limits.py)
+STATE_PREFIXES = ("rate:",)
+
+
 def check_table(rows: Mapping[str, TableRow]) -> None:
     """Refuse unknown setting names (a typo would be silently ignored) and
     bad values, also those that a higher source overrides."""
@@ -1060,7 +1065,7 @@ def check_table(rows: Mapping[str, TableRow]) -> None:
         entry = _BY_TABLE_NAME.get(name)
         if entry is not None:
             _table_value(entry, row)
-        elif name not in PEQ_UNUSED:
+        elif name not in PEQ_UNUSED and not name.startswith(STATE_PREFIXES):
             known = ", ".join(sorted(_BY_TABLE_NAME))
             raise ConfigurationError(
                 f"queue_configuration has an unknown setting {name!r} (known: {known})"

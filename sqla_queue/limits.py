@@ -18,10 +18,22 @@ claims at most the difference. The claims of the other processes leave the
 limited ones out and run as before, with no lock. The composition root
 (``QueueApp``) builds it; the manager calls it before its own claim.
 
+Rate limits work the same way, under the same lock::
+
+    class Faturar(WorkerBase):
+        model = Task
+        rate_limits = {"enviar_email": 5}   # tasks per second, fleet-wide
+
+a token bucket per process (one second's worth of tokens at most, refilled
+at the rate by the database's clock) kept in a row of the queue's
+configuration table, read with a locking read and written in the claim's
+transaction: a claim takes at most as many tasks as there are whole
+tokens. A lane whose claim the bucket cut short waits until the next token
+(``retry_in``), not for a wake-up.
+
 Two worker classes that declare different limits for the same process
 each keep their own: declare a process's limit in one place (a common
-base class). Limits per key (a tenant) and rate limits (tasks per second)
-are not built.
+base class). Limits per key (a tenant) are not built.
 """
 
 from __future__ import annotations
@@ -33,14 +45,17 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .adapters import Adapter
-from .adapters.limits import LimitQueries
+from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
 from .records import TaskRecord
 
-__all__ = ["LimitedClaims", "check_limits"]
+__all__ = ["LimitedClaims", "check_limits", "check_rates"]
 
 #: seconds a claim waits for another worker's claim of the same process
 LOCK_WAIT_SECONDS = 30.0
+#: the rates a process may be limited to, in tasks per second
+MIN_RATE = 0.001
+MAX_RATE = 1_000_000.0
 
 
 def check_limits(limits: Any, owner: str) -> dict[str, int]:
@@ -65,6 +80,32 @@ def check_limits(limits: Any, owner: str) -> dict[str, int]:
     return checked
 
 
+def check_rates(rates: Any, owner: str) -> dict[str, float]:
+    """``rate_limits`` checked: a mapping of process to a positive number of
+    tasks per second; a one-line ``ConfigurationError`` otherwise."""
+    if not isinstance(rates, Mapping):
+        raise ConfigurationError(
+            f"{owner}.rate_limits must be a mapping of process to tasks per second, not {rates!r}"
+        )
+    checked: dict[str, float] = {}
+    for process, rate in rates.items():
+        if not isinstance(process, str) or not process.strip():
+            raise ConfigurationError(
+                f"{owner}.rate_limits: a process must be a non-empty string, not {process!r}"
+            )
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, (int, float))
+            or not MIN_RATE <= rate <= MAX_RATE
+        ):
+            raise ConfigurationError(
+                f"{owner}.rate_limits[{process!r}] must be a number of tasks per second "
+                f"from {MIN_RATE} to {MAX_RATE:g}, not {rate!r}"
+            )
+        checked[process] = float(rate)
+    return checked
+
+
 class LimitedClaims:
     """The claims of the limited processes (see the module)."""
 
@@ -74,27 +115,39 @@ class LimitedClaims:
         adapter_for: Callable[[str], Adapter],
         queries: LimitQueries,
         namespace: str,
+        rates: Mapping[str, float] | None = None,
+        buckets: RateBuckets | None = None,
     ) -> None:
         self.limits = dict(limits)
+        self.rates = dict(rates or {})
+        self.buckets = buckets
+        if self.rates and buckets is None:
+            raise ConfigurationError("rate limits need the queue's configuration table")
         #: one adapter per limited process, its claim taking only that process
-        self.adapters = {process: adapter_for(process) for process in self.limits}
+        self.adapters = {
+            process: adapter_for(process) for process in set(self.limits) | set(self.rates)
+        }
         self.queries = queries
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: paused processes (pause.py): not claimed
         self.paused: frozenset[str] = frozenset()
         #: the last claim took every free slot of a process (see claim)
         self.capped = False
+        #: seconds until a rate-limited process has a token again, after a
+        #: claim its bucket cut short (None: no such process)
+        self.retry_in: float | None = None
         self._turn = 0
 
     def claim(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
         """Up to ``limit`` tasks of the limited processes, each process in
-        its own transaction and never past its limit; the processes take
+        its own transaction and never past its limits; the processes take
         turns being first."""
-        order = sorted(self.limits)
+        order = sorted(self.adapters)
         self._turn = (self._turn + 1) % len(order)
         self.capped = False
+        self.retry_in = None
         tasks: list[TaskRecord] = []
         for process in order[self._turn :] + order[: self._turn]:
             if len(tasks) >= limit:
@@ -121,15 +174,21 @@ class LimitedClaims:
                     bucket=zlib.crc32(process.encode()) & 0x7FFFFFFF,
                     wait_seconds=LOCK_WAIT_SECONDS,
                 )
-                free = self.limits[process] - self.queries.running(conn, process)
-                if free <= 0:
-                    return []  # other workers hold the slots: they claim again
+                free = limit
+                if process in self.limits:
+                    free = self.limits[process] - self.queries.running(conn, process)
+                    if free <= 0:
+                        return []  # other workers hold the slots: they claim again
+                if process in self.rates:
+                    return self._claim_rated(
+                        conn, adapter, process, free, limit, owner, lease_seconds
+                    )
                 taken = adapter.task_claim_many(
                     conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
                 )
                 # every free slot taken: more may wait, and no wake-up will say
                 # so when these finish; the lane claims again after its batch
-                self.capped = self.capped or len(taken) == free
+                self.capped = self.capped or (process in self.limits and len(taken) == free)
                 return taken
         finally:
             if name is not None:
@@ -138,3 +197,42 @@ class LimitedClaims:
                     conn.commit()
             if adapter.claim_autocommit:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def _claim_rated(
+        self,
+        conn: Connection,
+        adapter: Adapter,
+        process: str,
+        free: int,
+        limit: int,
+        owner: str,
+        lease_seconds: float,
+    ) -> Sequence[TaskRecord]:
+        """The token bucket's share of the claim: its tokens refilled at the
+        process's rate since it was last written (the database's clock), up
+        to one second's worth; one token a task."""
+        assert self.buckets is not None
+        rate = self.rates[process]
+        capacity = max(1.0, rate)
+        now = self.queries.now(conn).timestamp()
+        stored = self.buckets.read(conn, process)
+        if stored is None:
+            tokens = capacity
+        else:
+            tokens = min(capacity, stored[0] + max(0.0, now - stored[1]) * rate)
+        take = min(free, limit, int(tokens))
+        taken: Sequence[TaskRecord] = []
+        if take > 0:
+            taken = adapter.task_claim_many(
+                conn, limit=take, owner=owner, lease_seconds=lease_seconds
+            )
+        tokens -= len(taken)
+        if taken or stored is None:  # else the stored state refills the same way
+            self.buckets.write(conn, process, tokens, now, exists=stored is not None)
+        if len(taken) == take and take < min(free, limit):
+            # the bucket, not the queue, stopped this claim: more may wait
+            wait = max(0.0, (1.0 - tokens) / rate)
+            self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
+        elif process in self.limits and take == free and len(taken) == take:
+            self.capped = True
+        return taken

@@ -187,6 +187,12 @@ class TaskManager:
         return tasks
 
     @property
+    def claim_retry_in(self) -> float | None:
+        """Seconds until a rate-limited process whose bucket cut the last
+        claim short has a token again (limits.py); None: none did."""
+        return None if self.limited is None else self.limited.retry_in
+
+    @property
     def claim_capped(self) -> bool:
         """The last claim stopped at a concurrency limit with slots of its
         own (limits.py): claim again after the batch, as after a full one."""

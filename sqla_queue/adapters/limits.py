@@ -1,18 +1,22 @@
-"""The statement of fleet-wide concurrency limits (``sqla_queue/limits.py``),
-beside the adapters: how many tasks of a process are running now."""
+"""The statements of fleet-wide concurrency and rate limits
+(``sqla_queue/limits.py``), beside the adapters: how many tasks of a
+process are running now, the database's clock, and the rate limits' token
+buckets in the configuration table."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import datetime as dt
+import hashlib
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
 
 from ..mixins import Status, status_is
 
 if TYPE_CHECKING:
     from .base import Adapter
 
-__all__ = ["LimitQueries"]
+__all__ = ["LimitQueries", "RateBuckets"]
 
 
 class LimitQueries:
@@ -25,8 +29,69 @@ class LimitQueries:
             .select_from(adapter.table)
             .where(status_is(c.status, Status.PROCESSING), c.processo == bindparam("process"))
         )
+        self._clock = adapter.clock()
+        self.queue = adapter.table.name
+
+    def now(self, conn: Connection) -> dt.datetime:
+        """The database's clock (the fleet's one clock for rate limits), in UTC."""
+        now: dt.datetime = conn.execute(select(self._clock)).scalar_one()
+        return now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
 
     def running(self, conn: Connection, process: str) -> int:
         """Tasks of ``process`` claimed and not finished (``processando``),
         by every worker of the queue."""
         return int(conn.execute(self._running, {"process": process}).scalar_one())
+
+
+class RateBuckets:
+    """A token bucket per rate-limited process of a queue, kept in a row of
+    the queue's configuration table (``setting_name`` ``rate:<hash of queue
+    and process>``, ``value`` ``<tokens> <as of, epoch seconds>``), read
+    with a locking read and written in the claim's transaction."""
+
+    def __init__(self, settings: Table, queue: str, *, scoped: bool) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.scoped = scoped
+
+    def _where(self, process: str) -> list[Any]:
+        c = self.settings.c
+        where = [c.setting_name == self.name(process)]
+        if self.scoped:
+            where.append(c.queue_name == self.queue)
+        return where
+
+    def name(self, process: str) -> str:
+        digest = hashlib.sha256(f"{self.queue}\0{process}".encode()).hexdigest()[:40]
+        return f"rate:{digest}"
+
+    def read(self, conn: Connection, process: str) -> tuple[float, float] | None:
+        """(tokens, as of) of ``process``'s bucket, locked; None: no row yet."""
+        found = conn.execute(
+            select(self.settings.c.value).where(*self._where(process)).with_for_update()
+        ).first()
+        if found is None:
+            return None
+        try:
+            tokens, at = (float(part) for part in str(found[0]).split())
+        except ValueError:
+            return 0.0, 0.0  # edited by hand: refilled from empty
+        return tokens, at
+
+    def write(
+        self, conn: Connection, process: str, tokens: float, at: float, *, exists: bool
+    ) -> None:
+        value = f"{tokens:.6f} {at:.6f}"
+        if exists:
+            conn.execute(update(self.settings).where(*self._where(process)).values(value=value))
+            return
+        row = {
+            "setting_name": self.name(process),
+            "value": value,
+            "unit": None,
+            "casted_as": "TEXT",
+            "note": f"rate limit bucket of process {process[:200]} (sqla-queue)",
+        }
+        if self.scoped:
+            row["queue_name"] = self.queue
+        conn.execute(insert(self.settings).values(**row))

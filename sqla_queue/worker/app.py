@@ -23,14 +23,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
-from ..adapters.limits import LimitQueries
+from ..adapters.limits import LimitQueries, RateBuckets
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
-from ..configuration_table import configuration_table_of, read_rows
+from ..configuration_table import configuration_table_of, has_queue_name, read_rows
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
-from ..limits import LimitedClaims, check_limits
+from ..limits import LimitedClaims, check_limits, check_rates
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
 from ..manager import TaskManager
@@ -120,11 +120,10 @@ class QueueApp:
         }
         #: processes with a fleet-wide concurrency limit (limits.py): claimed
         #: apart, under a lock, and left out of the main claim
-        self._limits = self._limits_of(cls, claim_filter)
-        if self._limits:
-            claim_filter = dataclasses.replace(
-                claim_filter or ClaimFilter(), paused=frozenset(self._limits)
-            )
+        self._limits, self._rates = self._limits_of(cls, claim_filter)
+        self._limited = frozenset(self._limits) | frozenset(self._rates)
+        if self._limited:
+            claim_filter = dataclasses.replace(claim_filter or ClaimFilter(), paused=self._limited)
             self._claim_filter = claim_filter
         self.adapter: Adapter = self._adapter_for(claim_filter)
         #: the adapter whose claims skip each set of paused processes (pause.py)
@@ -308,24 +307,36 @@ class QueueApp:
             **self._adapter_options,
         )
 
-    def _limits_of(self, cls: type, claim_filter: ClaimFilter | None) -> dict[str, int]:
-        """The worker's concurrency limits on the processes it claims."""
+    def _limits_of(
+        self, cls: type, claim_filter: ClaimFilter | None
+    ) -> tuple[dict[str, int], dict[str, float]]:
+        """The worker's concurrency and rate limits on the processes it claims."""
         limits = check_limits(getattr(cls, "concurrency_limits", {}), cls.__name__)
-        if limits and claim_filter is not None:
+        rates = check_rates(getattr(cls, "rate_limits", {}), cls.__name__)
+        if (limits or rates) and claim_filter is not None:
             if claim_filter.subscriber_ids is not None or claim_filter.all_subscribers:
                 raise ConfigurationError(
-                    f"{cls.__name__}.concurrency_limits: a pub/sub or webhook worker cannot "
-                    "limit processes (its claims route copies by subscriber)"
+                    f"{cls.__name__}: a pub/sub or webhook worker cannot limit processes "
+                    "(concurrency_limits, rate_limits: its claims route copies by subscriber)"
                 )
             if claim_filter.processes is not None:
                 limits = {p: n for p, n in limits.items() if p in claim_filter.processes}
-        return limits
+                rates = {p: n for p, n in rates.items() if p in claim_filter.processes}
+        return limits, rates
 
     def _limited_claims(self) -> LimitedClaims | None:
-        if not self._limits:
+        if not self._limited:
             return None
         base = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=frozenset())
         table = self.adapter.table
+        buckets = None
+        if self._rates:
+            model = type(self.worker).queue_model()
+            settings = configuration_table_of(model)
+            settings.create(self.engine, checkfirst=True)  # DDL: before any claim
+            with self.engine.connect() as conn:
+                scoped = has_queue_name(conn, settings)
+            buckets = RateBuckets(settings, table.name, scoped=scoped)
         return LimitedClaims(
             self._limits,
             lambda process: self._adapter_for(
@@ -333,6 +344,8 @@ class QueueApp:
             ),
             LimitQueries(self.adapter),
             namespace=f"limits:{table.schema}.{table.name}",
+            rates=self._rates,
+            buckets=buckets,
         )
 
     def pause_claims(self, paused: frozenset[str]) -> None:
@@ -343,8 +356,8 @@ class QueueApp:
         stay out of the main claim either way (limits.py)."""
         if self.manager.limited is not None:
             self.manager.limited.paused = paused
-        paused = paused | frozenset(self._limits)
-        if paused == frozenset(self._limits):
+        paused = paused | self._limited
+        if paused == self._limited:
             self.manager.claim_adapter = None
             return
         adapter = self._paused_adapters.get(paused)

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from ..catalog import check_attributes
 from ..exceptions import ConfigurationError
-from ..limits import check_limits
+from ..limits import check_limits, check_rates
 from ..maintenance.periodic import Periodic, check_periodic
 from ..mixins import QueueMixin
 from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
@@ -99,6 +99,9 @@ class WorkerBase(abc.ABC):
     #: fleet-wide concurrency limits, process -> the most of its tasks
     #: running at once across every worker and lane (docs/limits.md)
     concurrency_limits: ClassVar[Mapping[str, int]] = {}
+    #: fleet-wide rate limits, process -> tasks per second claimed across
+    #: every worker and lane (docs/limits.md)
+    rate_limits: ClassVar[Mapping[str, float]] = {}
     #: per-task advisory locks / GET_LOCK, which let the rescue see a killed
     #: worker at once; None: SQLA_QUEUE_TASK_LOCKS (default true). Turn off
     #: behind a transaction-pooling PgBouncer (docs/pgbouncer.md)
@@ -310,6 +313,7 @@ class WorkerBase(abc.ABC):
         _check_no_retry(name, cls.no_retry)
         check_periodic(cls.periodic, name)
         check_limits(cls.concurrency_limits, name)
+        check_rates(cls.rate_limits, name)
         if cls.purge_before_delete is not None and not callable(cls.purge_before_delete):
             raise ConfigurationError(
                 f"{name}.purge_before_delete must be a function (conn, table, chain_ids), "

@@ -366,11 +366,17 @@ class Runner:
                     # a due scheduled task is ready too: promote it now
                     if self.maintenance.run_now("schedule").counts.get("promoted"):
                         continue
-                    return
+                    retry_in = manager.claim_retry_in
+                    if retry_in is None:
+                        return
+                    self.stopping.wait(retry_in)  # rate-limited tasks wait: their next token
+                    continue
                 if index == 0 and not self._trimmed:
                     self._trimmed = True
                     _return_free_memory()
-                self.wake.wait(self._idle_timeout())
+                retry_in = manager.claim_retry_in  # a rate limit's next token
+                timeout = self._idle_timeout()
+                self.wake.wait(timeout if retry_in is None else min(timeout, retry_in))
 
     def _pushed(self) -> bool:
         """Whether wake-ups are pushed now (LISTEN, or the queue server,

@@ -27,7 +27,7 @@ from tests.acceptance.test_concurrency import (
 )
 from tests.conftest import wait_until
 from tests.support.app import App
-from tests.support.limits_app import LIMIT, most_at_once, spans
+from tests.support.limits_app import LIMIT, RATE, most_at_once, spans
 
 
 def test_a_limited_process_never_runs_past_its_limit_across_the_fleet(
@@ -181,3 +181,72 @@ def test_a_killed_workers_limited_task_holds_its_slot_until_the_rescue(
     assert all(start >= freed for _, _, start, _ in ran), (freed, ran)
     ordered = sorted(ran, key=lambda span: span[2])
     assert all(a[3] <= b[2] for a, b in itertools.pairwise(ordered))  # one at a time
+
+
+def test_a_rate_limited_process_is_claimed_no_faster_than_its_rate_across_the_fleet(
+    engine: Engine, app: App, db_url: str, tmp_path: Path
+) -> None:
+    """4 worker processes of 2 lanes each, 50 tasks of a process limited to
+    20 a second (a bucket of one second's worth): in no second do more than
+    40 start (the full bucket, then its refill), and the last starts at
+    least (50 - 20) / 20 = 1.5 s after the first, where the same tasks
+    unlimited take a fraction of a second; every task runs once."""
+    with engine.begin() as conn:
+        QueueClient(conn, app.Task).insert_tasks(
+            [{"process": "medido", "payload": {"n": n}} for n in range(50)]
+        )
+    env = worker_env(app.Task.__table__.name, SQLA_QUEUE_TEST_PROBE=str(tmp_path))
+    args = ("worker", "tests.support.limits_app:RatedWorker", "--url", db_url)
+    with spawned(*args, "--concurrency", "2", "--burst", env=env, count=4) as workers:
+        for worker in workers:
+            assert worker.wait(timeout=90) == 0, worker.output
+    done = effects(engine, app)
+    assert len(done) == len({task_id for task_id, _, _ in done}) == 50
+    starts = sorted(start for _, _, start, _ in spans(tmp_path))
+    assert len(starts) == 50
+    for i, start in enumerate(starts):
+        in_a_second = sum(1 for other in starts[i:] if other < start + 1.0)
+        assert in_a_second <= 2 * RATE, (in_a_second, starts)
+    # the claims' own jitter aside (a claim happens when a token is due,
+    # the handler starts a little later)
+    assert starts[-1] - starts[0] >= (50 - RATE) / RATE - 0.2, starts
+
+
+def test_a_bad_rate_is_one_clear_error(app: App) -> None:
+    for rates, message in (
+        ({"p": 0}, r"rate_limits\['p'\] must be a number of tasks per second"),
+        ({"p": "5"}, "must be a number of tasks per second"),
+        ({"": 5}, "a process must be a non-empty string"),
+    ):
+
+        class Bad(app.RecordingWorker):  # type: ignore[name-defined,misc]
+            rate_limits = rates
+
+        with pytest.raises(ConfigurationError, match=message) as caught:
+            Bad.check_configuration()
+        assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_throttled_lane_waits_for_its_next_token_not_for_a_wake_up(
+    engine: Engine, app: App, db_url: str, tmp_path: Path
+) -> None:
+    """With LISTEN and a one-minute fallback poll, 30 tasks limited to 20 a
+    second, enqueued before the worker starts (no notification left): a
+    lane the bucket stopped claims again at its next token."""
+    with engine.begin() as conn:
+        QueueClient(conn, app.Task).insert_tasks(
+            [{"process": "medido", "payload": {"n": n}} for n in range(30)]
+        )
+    env = worker_env(
+        app.Task.__table__.name,
+        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
+        QUEUE_WAIT_NOTIFY_INTERVAL="60",
+    )
+    args = ("worker", "tests.support.limits_app:RatedWorker", "--url", db_url)
+    with spawned(*args, "--concurrency", "2", env=env) as workers:
+        wait_until(lambda: len(effects(engine, app)) >= 30, timeout=20, message="the backlog")
+        wait_until(
+            lambda: listening(engine, app.Task.__table__.name), message="the worker to LISTEN"
+        )
+        stop_gracefully(workers)

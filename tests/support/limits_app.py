@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 from tests.support.app import RecordingWorker
 
 LIMIT = 2
+#: the rate limit's tasks per second
+RATE = 20.0
 #: the work a task stands for: long enough for lanes to overlap
 HOLD_SECONDS = 0.05
 
@@ -96,6 +98,20 @@ class OneAtATimeWorker(RecordingWorker):
                     raise TimeoutError("no go file within 60 s")
                 time.sleep(0.01)  # the handler's own work, not a test wait
         time.sleep(HOLD_SECONDS)  # the task's work
+        result = super().execute(payload, task, session)
+        _span(str(task.process), int(task.id), start, time.time())
+        return result
+
+
+class RatedWorker(RecordingWorker):
+    """At most 20 ``medido`` tasks a second across the fleet; each run
+    writes its span (no work of its own: only the limit slows them)."""
+
+    rate_limits: ClassVar[dict[str, float]] = {"medido": RATE}
+    batch_size = 8
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        start = time.time()
         result = super().execute(payload, task, session)
         _span(str(task.process), int(task.id), start, time.time())
         return result
