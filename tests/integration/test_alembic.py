@@ -436,6 +436,26 @@ def test_documented_rebuild_of_an_old_sqlite_table_gives_autoincrement_and_keeps
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_queue_made_before_the_status_table_gets_it_from_autogenerate(
+    kind: str, tmp_path: Path
+) -> None:
+    """docs/migrations.md, "Upgrading: <table>_status": a queue table made
+    before the status counts were kept is the one difference autogenerate
+    finds (an ordinary add_table), and once made, none is left."""
+    with private_database(kind, tmp_path) as url:
+        engine = create_engine(normalize_url(url))
+        metadata = _queue_metadata("fila_antiga")
+        metadata.tables["fila_antiga"].create(engine)
+        with engine.connect() as conn:
+            diffs = _diffs(conn, metadata)
+        assert [(diff[0], diff[1].name) for diff in diffs] == [("add_table", "fila_antiga_status")]
+        metadata.create_all(engine)
+        with engine.connect() as conn:
+            assert _diffs(conn, metadata) == []
+        engine.dispose()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_rename_queue_table_renames_indexes_trigger_and_channel(kind: str, tmp_path: Path) -> None:
     with private_database(kind, tmp_path) as url:
         engine = create_engine(normalize_url(url))
