@@ -38,7 +38,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Column, Connection, MetaData, String, Table, Text, event, inspect, select
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    MetaData,
+    String,
+    Table,
+    Text,
+    event,
+    inspect,
+    select,
+)
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
 from .catalog import SCHEMA_WIDE, TableRow
@@ -269,6 +281,18 @@ def configuration_table_of(model: Any) -> Table:
         schema, name = split_table_name(named)
         schema = schema or table.schema
     return configuration_table(MetaData(), name, schema=schema)
+
+
+def ensure_table(engine: Engine, table: Table) -> None:
+    """Create the configuration table unless it exists. Workers starting
+    together may each try: PostgreSQL fails one concurrent CREATE with a
+    duplicate key in its catalogue, MariaDB with "already exists"; the table
+    being there afterwards is what counts."""
+    try:
+        table.create(engine, checkfirst=True)
+    except SQLAlchemyError:
+        if not inspect(engine).has_table(table.name, schema=table.schema):
+            raise
 
 
 def has_queue_name(conn: Connection, table: Table) -> bool:

@@ -38,6 +38,7 @@ base class). Limits per key (a tenant) are not built.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -131,12 +132,31 @@ class LimitedClaims:
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: paused processes (pause.py): not claimed
         self.paused: frozenset[str] = frozenset()
-        #: the last claim took every free slot of a process (see claim)
-        self.capped = False
-        #: seconds until a rate-limited process has a token again, after a
-        #: claim its bucket cut short (None: no such process)
-        self.retry_in: float | None = None
+        #: what the last claim of the calling thread (a lane) found: its
+        #: lanes share this object, each reads its own (capped, retry_in)
+        self._last = threading.local()
         self._turn = 0
+
+    @property
+    def capped(self) -> bool:
+        """This lane's last claim took every free slot of a process: more
+        may wait, and no wake-up will say so when those tasks finish."""
+        return bool(getattr(self._last, "capped", False))
+
+    @capped.setter
+    def capped(self, value: bool) -> None:
+        self._last.capped = value
+
+    @property
+    def retry_in(self) -> float | None:
+        """Seconds until a rate-limited process whose bucket cut this lane's
+        last claim short has a token again (None: none did)."""
+        found: float | None = getattr(self._last, "retry_in", None)
+        return found
+
+    @retry_in.setter
+    def retry_in(self, value: float | None) -> None:
+        self._last.retry_in = value
 
     def claim(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float

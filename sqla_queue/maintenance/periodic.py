@@ -47,7 +47,7 @@ from sqlalchemy import Connection, Engine, Table, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ..client import QueueClient
-from ..configuration_table import has_queue_name
+from ..configuration_table import ensure_table, has_queue_name
 from ..exceptions import ConfigurationError
 from ..payload import serialize_payload
 from .base import Routine, RoutineResult
@@ -246,7 +246,7 @@ class PeriodicRoutine(Routine):
         if not due:
             return RoutineResult(self.name, {"enqueued": 0})
         if not self._table_checked:
-            self.markers.create(self.engine, checkfirst=True)  # DDL: outside the transaction
+            ensure_table(self.engine, self.markers)  # DDL: outside the transaction
             self._table_checked = True
         by_name = {item.name: item for item in self.declared}
         enqueued = first_seen = 0

@@ -25,7 +25,12 @@ from sqlalchemy.exc import DBAPIError
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
 from ..adapters.limits import LimitQueries, RateBuckets
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
-from ..configuration_table import configuration_table_of, has_queue_name, read_rows
+from ..configuration_table import (
+    configuration_table_of,
+    ensure_table,
+    has_queue_name,
+    read_rows,
+)
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
@@ -333,7 +338,7 @@ class QueueApp:
         if self._rates:
             model = type(self.worker).queue_model()
             settings = configuration_table_of(model)
-            settings.create(self.engine, checkfirst=True)  # DDL: before any claim
+            ensure_table(self.engine, settings)  # DDL: before any claim
             with self.engine.connect() as conn:
                 scoped = has_queue_name(conn, settings)
             buckets = RateBuckets(settings, table.name, scoped=scoped)
