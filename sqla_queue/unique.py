@@ -81,7 +81,6 @@ POLICIES: tuple[str, ...] = ("skip", "replace", "error")
 _INFO = "sqla_queue_unique"
 _DUPLICATE = "_sqla_queue_duplicate_of"
 _WAITING = (Status.PENDING.value, Status.SCHEDULED.value)
-_OPEN: tuple[str, ...] = OPEN_STATUSES
 _TRIES = 3
 #: whether any model declared unique processes (the flush hook's quick test)
 declared_any = False
@@ -343,7 +342,7 @@ def _counts(newest: Any, taken_at: dt.datetime, rule: Unique, now: dt.datetime) 
     task a duplicate."""
     if newest is None:
         return False
-    if newest.status in _OPEN:
+    if newest.status in OPEN_STATUSES:
         return True
     if newest.status != Status.SUCCEEDED.value or rule.period is None:
         return False

@@ -30,6 +30,18 @@ class App:
     KillerWorker: type[WorkerBase]
 
 
+def started_then_wait_for_go(task_id: int) -> None:
+    """A handler's signal that task ``task_id`` started (``started-ID`` in
+    ``SQLA_QUEUE_TEST_SIGNAL_DIR``), then its wait for a ``go`` file there."""
+    directory = pathlib.Path(os.environ["SQLA_QUEUE_TEST_SIGNAL_DIR"])
+    (directory / f"started-{task_id}").touch()
+    deadline = time.monotonic() + 60
+    while not (directory / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go file within 60 s")
+        time.sleep(0.01)  # the handler's own work, not a test wait
+
+
 def build(table: str) -> App:
     class Base(DeclarativeBase):
         pass
@@ -82,13 +94,7 @@ def build(table: str) -> App:
         """Signals that a task started, then waits for a go file (SIGTERM tests)."""
 
         def execute(self, payload: Any, task: Any, session: Any) -> str | None:
-            directory = pathlib.Path(os.environ["SQLA_QUEUE_TEST_SIGNAL_DIR"])
-            (directory / f"started-{task.id}").touch()
-            deadline = time.monotonic() + 60
-            while not (directory / "go").exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("no go file within 60 s")
-                time.sleep(0.01)  # the handler's own work, not a test wait
+            started_then_wait_for_go(task.id)
             session.add(Effect(task_id=task.id, chain_id=task.chain_id, note="blocked"))
             return None
 

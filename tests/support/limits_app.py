@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tests.support.app import RecordingWorker
+from tests.support.app import RecordingWorker, started_then_wait_for_go
 
 LIMIT = 2
 #: the rate limit's tasks per second
@@ -90,13 +90,7 @@ class OneAtATimeWorker(RecordingWorker):
     def execute(self, payload: Any, task: Any, session: Any) -> str | None:
         start = time.time()
         if isinstance(payload, dict) and payload.get("block"):
-            directory = Path(os.environ["SQLA_QUEUE_TEST_SIGNAL_DIR"])
-            (directory / f"started-{task.id}").touch()
-            deadline = time.monotonic() + 60
-            while not (directory / "go").exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("no go file within 60 s")
-                time.sleep(0.01)  # the handler's own work, not a test wait
+            started_then_wait_for_go(int(task.id))
         time.sleep(HOLD_SECONDS)  # the task's work
         result = super().execute(payload, task, session)
         _span(str(task.process), int(task.id), start, time.time())
