@@ -38,7 +38,7 @@ base class). Limits per key (a tenant) are not built.
 
 from __future__ import annotations
 
-import threading
+import contextvars
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -132,31 +132,42 @@ class LimitedClaims:
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: paused processes (pause.py): not claimed
         self.paused: frozenset[str] = frozenset()
-        #: what the last claim of the calling thread (a lane) found: its
-        #: lanes share this object, each reads its own (capped, retry_in)
-        self._last = threading.local()
+        #: what the last claim of the calling lane found (capped, retry_in):
+        #: a worker's lanes share this object, each reads its own. A context
+        #: variable, as each thread has its context, and so has each
+        #: greenlet an async worker's lanes run in (worker/aio.py)
+        self._last: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+            f"sqla_queue_limits_{id(self)}", default=None
+        )
         self._turn = 0
 
     @property
     def capped(self) -> bool:
         """This lane's last claim took every free slot of a process: more
         may wait, and no wake-up will say so when those tasks finish."""
-        return bool(getattr(self._last, "capped", False))
+        return bool(self._lane().get("capped", False))
 
     @capped.setter
     def capped(self, value: bool) -> None:
-        self._last.capped = value
+        self._lane()["capped"] = value
 
     @property
     def retry_in(self) -> float | None:
         """Seconds until a rate-limited process whose bucket cut this lane's
         last claim short has a token again (None: none did)."""
-        found: float | None = getattr(self._last, "retry_in", None)
+        found: float | None = self._lane().get("retry_in")
         return found
 
     @retry_in.setter
     def retry_in(self, value: float | None) -> None:
-        self._last.retry_in = value
+        self._lane()["retry_in"] = value
+
+    def _lane(self) -> dict[str, Any]:
+        last = self._last.get()
+        if last is None:
+            last = {}
+            self._last.set(last)
+        return last
 
     def claim(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float

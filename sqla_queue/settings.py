@@ -54,6 +54,7 @@ __all__ = [
     "database_url",
     "driver_error",
     "engine_options",
+    "make_async_engine",
     "make_engine",
     "normalize_url",
 ]
@@ -180,6 +181,63 @@ def make_engine(
             raise missing from None
         raise error(
             f"cannot use {label} {parsed.render_as_string(hide_password=True)}: {redact(str(exc))}"
+        ) from None
+
+
+# The async driver of each backend an async worker's lanes use (docs/async.md),
+# with the extra that installs it: psycopg 3's own async mode, asyncmy (not
+# aiomysql, which fails every bytes parameter with PyMySQL 1.2.3+), aiosqlite
+_ASYNC_DRIVERS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "postgresql": ("psycopg_async", ("psycopg", "greenlet"), "postgresql"),
+    "mysql": ("asyncmy", ("asyncmy", "greenlet"), "mysql"),
+    "mariadb": ("asyncmy", ("asyncmy", "greenlet"), "mysql"),
+    "sqlite": ("aiosqlite", ("aiosqlite", "greenlet"), "sqlite"),
+}
+
+
+def async_url(url: str | URL) -> URL:
+    """The URL of ``url``'s database through its backend's async driver (the
+    same host, credentials, database and options)."""
+    parsed = normalize_url(url)
+    backend = parsed.get_backend_name()
+    known = _ASYNC_DRIVERS.get(backend)
+    if known is None:
+        raise ConfigurationError(
+            f"async workers need an async driver, and {backend} has none "
+            "(docs/async.md): define the handlers with def"
+        )
+    if backend == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise ConfigurationError(
+            "async workers cannot share an in-memory SQLite database (each async "
+            "connection would open its own): use a file"
+        )
+    return parsed.set(drivername=f"{backend}+{known[0]}")
+
+
+def make_async_engine(url: str | URL, *, pool_size: int, max_overflow: int = 0) -> Any:
+    """The ``AsyncEngine`` of an async worker's lanes: ``url``'s database
+    through its async driver, with the options :func:`make_engine` gives
+    (connections checked before use, the pool sized for the lanes); a
+    missing driver or greenlet named with the extra that installs them."""
+    parsed, connect_args = engine_options(async_url(url))
+    backend = parsed.get_backend_name()
+    _, modules, extra = _ASYNC_DRIVERS[backend]
+    try:
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        return create_async_engine(
+            parsed,
+            pool_pre_ping=True,
+            connect_args=connect_args,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+        )
+    except ImportError as exc:
+        module = (exc.name or "").partition(".")[0]
+        missing = module if module in modules else "greenlet"
+        raise ConfigurationError(
+            f"async workers on {backend} need {missing}, which is not installed: "
+            f"pip install 'sqla-queue[{extra}]'"
         ) from None
 
 

@@ -167,6 +167,28 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(normalize_url(server_url(request.param)).render_as_string(hide_password=False))
 
 
+#: the worker classes of each kind, by role: the process and fault tests run
+#: with the sync ones and with the async ones (tests/support/async_app.py)
+WORKER_CLASSES = {
+    "sync": {
+        "recording": "tests.support.app:RecordingWorker",
+        "blocking": "tests.support.app:BlockingWorker",
+        "killer": "tests.support.app:KillerWorker",
+    },
+    "async": {
+        "recording": "tests.support.async_app:Recording",
+        "blocking": "tests.support.async_app:Blocking",
+        "killer": "tests.support.async_app:Killer",
+    },
+}
+
+
+@pytest.fixture(params=["sync", "async"])
+def workers(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The worker classes (module:Class) of one kind, by role."""
+    return WORKER_CLASSES[request.param]
+
+
 @pytest.fixture
 def table_name() -> str:
     return f"fila_{uuid.uuid4().hex[:10]}"

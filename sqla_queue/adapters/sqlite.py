@@ -38,7 +38,9 @@ def _use_wal(cursor: Any) -> None:
     delay = 0.005
     while True:
         try:
-            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            # not execute(...).fetchone(): the async driver's cursor returns no cursor
+            cursor.execute("PRAGMA journal_mode")
+            mode = cursor.fetchone()[0]
             if str(mode).lower() == "wal":
                 return
             cursor.execute("PRAGMA journal_mode = WAL")

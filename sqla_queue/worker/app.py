@@ -47,13 +47,13 @@ from ..redaction import redact
 from ..resolution import Effective, resolve
 from ..retry import ExponentialBackoff, LinearBackoff, RetryPolicy
 from ..routing import claim_filter_of
-from ..settings import Settings, make_engine
+from ..settings import Settings, make_async_engine, make_engine
 from ..stages.webhook import WebhookStage, webhook_subscribers_of
 from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter
 from . import providers
 from .contract import Worker
-from .wakeup import LaneWakeup
+from .wakeup import AsyncLaneWakeup, LaneWakeup
 
 __all__ = ["QueueApp"]
 
@@ -85,6 +85,9 @@ class QueueApp:
         self.settings = settings or Settings.from_env()
         self.concurrency = concurrency
         cls = type(worker)
+        #: the handlers are coroutines: the lanes run on an event loop, on
+        #: connections of an async engine of their own (worker/aio.py)
+        self.is_async = cls.is_async()
         self.batch_size = 1 if cls.transaction_per_task else (batch_size or worker.batch_size)
         # multi-database tenants: the engine cache, closed by close() (docs/tenants.md)
         worker.open_tenants(self.settings, concurrency)
@@ -102,6 +105,16 @@ class QueueApp:
             self._check_pool()
             #: the queue_configuration rows (None: no such table, or not read)
             self.configuration_rows = self._read_configuration(model)
+        #: the engine whose connections the lanes claim and work on: the
+        #: worker's, or for async handlers the sync face of an async engine
+        #: (its statements run only inside the lanes' greenlets)
+        self.async_engine: Any = None
+        self.lane_engine: Engine = self.engine
+        if self.is_async and connection is None:
+            self.async_engine = make_async_engine(
+                self.engine.url, pool_size=self._lane_connections(), max_overflow=0
+            )
+            self.lane_engine = self.async_engine.sync_engine
         self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)
         effective = self.effective
         # from here on, every resolved value is read from effective: settings
@@ -136,6 +149,8 @@ class QueueApp:
         providers.check_adapter(self.adapter, self.settings)
         if not in_transaction:
             self.adapter.prepare_engine(self.engine)
+            if self.lane_engine is not self.engine:
+                self.adapter.prepare_engine(self.lane_engine)
         self.worker_id = new_worker_id()
         #: the observers of outcomes (hooks.py): the process's registry by default
         self.hooks = registry if hooks is None else hooks
@@ -161,8 +176,9 @@ class QueueApp:
             hooks=self.hooks,
         )
         self.manager.limited = self._limited_claims()
-        #: wakes idle lanes, one a call (the schedule routine calls it too)
-        self.wake = LaneWakeup(self.concurrency)
+        #: wakes idle lanes, one a call (the schedule routine calls it too);
+        #: coroutine lanes wait on the event loop, woken from any thread
+        self.wake = (AsyncLaneWakeup if self.is_async else LaneWakeup)(self.concurrency)
         self.clock = clock or SystemClock()
         self.maintenance = Maintenance(
             build_routines(
@@ -226,6 +242,8 @@ class QueueApp:
             raise ConfigurationError(f"{exc} (from {low} and {high})") from None
 
     def _time_limiter(self) -> TimeLimiter | None:
+        if self.is_async:
+            return None  # a coroutine past its limit is cancelled (worker/aio.py)
         cls = type(self.worker)
         per_task = cls.overrides("time_limit_for")
         if self.effective["time_limit"] is None and not per_task:
@@ -269,8 +287,14 @@ class QueueApp:
     def _connections_needed(self) -> int:
         # two per lane, the heartbeat's, a fresh one to record a batch whose
         # connection died, the routine lock's and one per maintenance routine;
-        # the LISTEN connection leaves the pool
-        return 2 * self.concurrency + 7
+        # the LISTEN connection leaves the pool. An async worker's lanes take
+        # theirs from the async engine (_lane_connections)
+        lanes = 0 if self.is_async else self._lane_connections() - 1
+        return lanes + 7
+
+    def _lane_connections(self) -> int:
+        # two per lane, and a fresh one to record a batch whose connection died
+        return 2 * self.concurrency + 1
 
     def _create_engine(self, url: str | URL | None) -> Engine:
         url = url or self.settings.url

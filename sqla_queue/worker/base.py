@@ -10,8 +10,12 @@
 
 Run it with ``sqla-queue worker module:Faturar`` or ``Faturar().run()``.
 Both call :meth:`WorkerBase.check_configuration` first, so a mistake in the
-class (an attribute of the wrong type, ``async def execute``, no model) stops
-the worker at start with one line naming the class and the attribute.
+class (an attribute of the wrong type, no model) stops the worker at start
+with one line naming the class and the attribute.
+
+``async def execute(self, payload, task, session)`` makes an async worker:
+its lanes are coroutines on an event loop, and ``session`` is an
+``AsyncSession`` on the same transaction (docs/async.md, ``aio.py``).
 """
 
 from __future__ import annotations
@@ -45,8 +49,12 @@ logger = logging.getLogger("sqla_queue.worker")
 BATCH_SIZE = Range(1, 10_000, integer=True)
 #: a batch that takes longer than a day holds its transaction open too long anyway
 BATCH_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
-#: the handlers the runner calls synchronously, from its lane threads
+#: the handlers the runner calls: all coroutine functions (an async worker:
+#: the base's execute_dead may stay, it awaits nothing) or none
 HANDLERS = ("execute", "execute_dead", "dispatch")
+#: seconds an async worker's event loop may be held by one step of a
+#: coroutine before a warning names the task (a blocking call in a handler)
+BLOCKING_WARNING = Range(0.01, 3600, unit="seconds")
 
 
 class WorkerBase(abc.ABC):
@@ -122,6 +130,9 @@ class WorkerBase(abc.ABC):
     tenant_resolver: ClassVar[TenantResolver | None] = None
     #: the tenant engines while a runner runs this worker (open_tenants)
     _tenant_engines: TenantEngines | None = None
+    #: async workers: warn, naming the task, when a handler holds the event
+    #: loop this long without awaiting (time.sleep, requests, a CPU loop)
+    blocking_warning_seconds: ClassVar[float] = 0.5
     #: the effective lease and time limit, set by the runner
     _lease_seconds: float = 30.0
     _time_limit_seconds: float | None = None
@@ -213,6 +224,11 @@ class WorkerBase(abc.ABC):
         if not cls.uses_tenants(settings):
             cls._check_handlers(tenant_session=False)
             return None
+        if cls.is_async():
+            raise ConfigurationError(
+                f"{cls.__name__}: async handlers do not take a tenant_session "
+                "(multi-database mode is on): define the handlers with def"
+            )
         cls._check_handlers(tenant_session=True)
         resolver = cls.tenant_resolver or resolver_from_settings(settings.tenants)
         self._tenant_engines = TenantEngines(
@@ -292,13 +308,7 @@ class WorkerBase(abc.ABC):
             )
         if abstract:
             raise ConfigurationError(f"{name} is abstract: implement {', '.join(abstract)}")
-        for handler in HANDLERS:
-            function = getattr(cls, handler, None)
-            if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-                raise ConfigurationError(
-                    f"{name}.{handler} is a coroutine function; async handlers are not "
-                    "supported yet, define it with def"
-                )
+        cls._check_async_handlers()
         # None means "the environment's value", checked when it is read
         if cls.max_retry is not None:
             MAX_RETRY.check(f"{name}.max_retry", cls.max_retry)
@@ -349,6 +359,45 @@ class WorkerBase(abc.ABC):
         from ..routing import check_processes
 
         check_processes(f"{name}.processes", cls.processes)
+
+    @classmethod
+    def is_async(cls) -> bool:
+        """Whether the handlers are coroutine functions: the worker's lanes
+        then run on an event loop (``aio.py``)."""
+        return inspect.iscoroutinefunction(getattr(cls, "execute", None))
+
+    @classmethod
+    def _handler_methods(cls) -> list[str]:
+        """The methods of this class that handle tasks (the base's own
+        ``execute_dead`` fits async and sync workers alike)."""
+        return [method for method in ("execute", "execute_dead") if cls.overrides(method)]
+
+    @classmethod
+    def _check_async_handlers(cls) -> None:
+        """All handlers coroutine functions or none, no async generators,
+        and no tenant sessions for async handlers."""
+        name = cls.__name__
+        wanted = cls.is_async()
+        for method in (*HANDLERS, *cls._handler_methods()):
+            if inspect.isasyncgenfunction(getattr(cls, method, None)):
+                raise ConfigurationError(
+                    f"{name}.{method} is an async generator; define it with async def "
+                    "and return, or with def"
+                )
+        for method in cls._handler_methods():
+            if inspect.iscoroutinefunction(getattr(cls, method, None)) != wanted:
+                raise ConfigurationError(
+                    f"{name}.{method} is {'not ' if wanted else ''}a coroutine function "
+                    f"and other handlers of {name} are{'' if wanted else ' not'}: define "
+                    "every handler of a worker with async def, or every one with def"
+                )
+        if wanted:
+            BLOCKING_WARNING.check(f"{name}.blocking_warning_seconds", cls.blocking_warning_seconds)
+            if cls.uses_tenants():
+                raise ConfigurationError(
+                    f"{name}: async handlers do not take a tenant_session (multi-database "
+                    "mode); define the handlers with def"
+                )
 
     @classmethod
     def overrides(cls, method: str) -> bool:

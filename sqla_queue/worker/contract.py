@@ -35,12 +35,18 @@ class Worker(Protocol):
     #: set by the runner from the effective configuration
     _lease_seconds: float
     _time_limit_seconds: float | None
+    blocking_warning_seconds: ClassVar[float]
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]: ...
 
     @classmethod
     def check_configuration(cls) -> None: ...
+
+    @classmethod
+    def is_async(cls) -> bool:
+        """Whether the handlers are coroutine functions (worker/aio.py)."""
+        ...
 
     @classmethod
     def overrides(cls, method: str) -> bool:

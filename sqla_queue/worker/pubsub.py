@@ -170,20 +170,23 @@ class WorkerPubSubBase(WorkerBase):
 
     # ----------------------------------------------------------- checks
     @classmethod
+    def is_async(cls) -> bool:
+        """Async when the subscriber methods are coroutine functions (the
+        runner awaits what ``execute`` returns: the method's coroutine)."""
+        return any(
+            inspect.iscoroutinefunction(getattr(cls, name, None)) for name in cls._handler_methods()
+        )
+
+    @classmethod
+    def _handler_methods(cls) -> list[str]:
+        return sorted({*cls.subscriber_methods.values(), *cls.dead_subscriber_methods.values()})
+
+    @classmethod
     def check_configuration(cls) -> None:
-        for kind, registry in (
-            ("subscriber", cls.subscriber_methods),
-            ("dead_subscriber", cls.dead_subscriber_methods),
-        ):
-            for subscriber_id, name in registry.items():
-                function = getattr(cls, name, None)
-                if not callable(function):
+        for registry in (cls.subscriber_methods, cls.dead_subscriber_methods):
+            for name in registry.values():
+                if not callable(getattr(cls, name, None)):
                     raise ConfigurationError(f"{cls.__name__}.{name} is not a method")
-                if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-                    raise ConfigurationError(
-                        f"{cls.__name__}.{name} (@{kind}({subscriber_id!r})) is a coroutine "
-                        "function; async handlers are not supported yet, define it with def"
-                    )
         super().check_configuration()
         cls.subscriber_table_model()
         name = cls.__name__

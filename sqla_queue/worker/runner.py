@@ -123,6 +123,16 @@ class Runner:
     stops: at a signal, in burst mode when no task is ready, or when
     another thread calls ``stop()``."""
 
+    def __new__(cls, worker: Worker | None = None, **kwargs: Any) -> Runner:
+        # a worker whose handlers are coroutines runs on an event loop
+        app = kwargs.get("app")
+        target = worker if worker is not None else getattr(app, "worker", None)
+        if cls is Runner and target is not None and type(target).is_async():
+            from .aio import AsyncRunner
+
+            cls = AsyncRunner
+        return super().__new__(cls)
+
     def __init__(
         self,
         worker: Worker | None = None,
@@ -158,6 +168,8 @@ class Runner:
         self.batch_size = app.batch_size
         self.settings = app.settings
         self.engine = app.engine
+        #: where the lanes' claim and work connections come from
+        self.lane_engine = app.lane_engine
         self.configuration_rows = app.configuration_rows
         self.effective = app.effective
         self.lease = app.lease
@@ -205,15 +217,13 @@ class Runner:
         if self.effective["maintenance"]:
             self.maintenance.start()
         restore = self._install_signal_handlers()
-        lanes = [
-            threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
-            for i in range(self.concurrency)
-        ]
+        lanes = self._lane_threads()
         logger.info(
-            "worker %s (%s): %d lane(s) on %s (%s)%s",
+            "worker %s (%s): %d %s on %s (%s)%s",
             type(self.worker).__name__,
             self.worker_id,
             self.concurrency,
+            self.lane_kind,
             self.adapter.qualified_name,
             self.engine.url.render_as_string(hide_password=True),
             ", burst" if self.burst else "",
@@ -286,6 +296,28 @@ class Runner:
         return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
     # ---------------------------------------------------------------- lanes
+    #: what a lane is, for the start-up log line
+    lane_kind = "lane(s)"
+
+    def _lane_threads(self) -> list[threading.Thread]:
+        """The threads that run the lanes (here: one a lane)."""
+        return [
+            threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
+            for i in range(self.concurrency)
+        ]
+
+    def _wait_for_wake(self, timeout: float) -> bool:
+        """An idle lane waits for a wake-up, ``timeout`` seconds at most."""
+        return self.wake.wait(timeout)
+
+    def _pause(self, seconds: float) -> None:
+        """A lane waits ``seconds``, or until the worker stops."""
+        self.stopping.wait(seconds)
+
+    def _run_routine(self, name: str) -> Any:
+        """Run maintenance routine ``name`` now, from a lane (a SlotRun)."""
+        return self.maintenance.run_now(name)
+
     def _handle(self, task: TaskRecord, session: Session) -> Any:
         return self.worker.dispatch(task, session)
 
@@ -328,20 +360,20 @@ class Runner:
         logger.warning("lane %d lost the database (%s); reconnecting", index, why)
         if self.app.hooks.wanted(LANE_RECONNECTED):
             self.app.hooks.emit([LaneEvent(LANE_RECONNECTED, index, why)])
-        self.stopping.wait(RECONNECT_DELAY_SECONDS)
+        self._pause(RECONNECT_DELAY_SECONDS)
 
     def _lane_loop(self, index: int) -> None:
         limit = BatchLimit(self.batch_size, self.worker.batch_seconds)
         manager = self.manager
         with (
-            self.adapter.connect_claim(self.engine) as claim_conn,
-            self.engine.connect() as work_conn,
+            self.adapter.connect_claim(self.lane_engine) as claim_conn,
+            self.lane_engine.connect() as work_conn,
             _invalidated_on_error(claim_conn),
         ):
             if index == 0:
                 # as before the routines had threads: at start and after every
                 # reconnect, whatever the schedule and the lock say
-                self.maintenance.run_now("rescue")
+                self._run_routine("rescue")
             while not self.stopping.is_set():
                 batch = limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
@@ -364,19 +396,19 @@ class Runner:
                     # rather than run a claim that is most likely empty
                 elif self.burst:
                     # a due scheduled task is ready too: promote it now
-                    if self.maintenance.run_now("schedule").counts.get("promoted"):
+                    if self._run_routine("schedule").counts.get("promoted"):
                         continue
                     retry_in = manager.claim_retry_in
                     if retry_in is None:
                         return
-                    self.stopping.wait(retry_in)  # rate-limited tasks wait: their next token
+                    self._pause(retry_in)  # rate-limited tasks wait: their next token
                     continue
                 if index == 0 and not self._trimmed:
                     self._trimmed = True
                     _return_free_memory()
                 retry_in = manager.claim_retry_in  # a rate limit's next token
                 timeout = self._idle_timeout()
-                self.wake.wait(timeout if retry_in is None else min(timeout, retry_in))
+                self._wait_for_wake(timeout if retry_in is None else min(timeout, retry_in))
 
     def _pushed(self) -> bool:
         """Whether wake-ups are pushed now (LISTEN, or the queue server,

@@ -13,14 +13,19 @@ claim filled its batch wakes one more (``set``), so a backlog still brings
 every lane in within a few claims; :meth:`set_all` wakes every lane (a
 stop). The interface is ``threading.Event``'s (``set``, ``wait``,
 ``clear``, ``is_set``), so a listener or the schedule routine can be handed
-either.
+either. :class:`AsyncLaneWakeup` is the same for the coroutine lanes of an
+async worker (``aio.py``), which wait on their event loop and are woken
+from any thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import threading
 
-__all__ = ["LaneWakeup"]
+__all__ = ["AsyncLaneWakeup", "LaneWakeup"]
 
 
 class LaneWakeup:
@@ -65,3 +70,65 @@ class LaneWakeup:
     def is_set(self) -> bool:
         """Whether a wake-up is waiting to be taken."""
         return self._pending > 0
+
+
+class AsyncLaneWakeup(LaneWakeup):
+    """:class:`LaneWakeup` for lanes that are coroutines on one event loop:
+    they wait with :meth:`wait_async`; ``set`` and ``set_all`` are called from
+    any thread (the LISTEN thread, the routines, a signal handler)."""
+
+    def __init__(self, lanes: int = 1) -> None:
+        super().__init__(lanes)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the lanes wait on (set when it starts)."""
+        self._loop = loop
+
+    def set(self) -> None:
+        with self._condition:
+            if self._pending < self.lanes:
+                self._pending += 1
+            self._condition.notify()
+            self._wake(1)
+
+    def set_all(self) -> None:
+        with self._condition:
+            self._pending = self.lanes
+            self._condition.notify_all()
+            self._wake(len(self._waiters))
+
+    def _wake(self, count: int) -> None:
+        """Resolve ``count`` waiting lanes' futures (the condition held)."""
+        loop = self._loop
+        for _ in range(min(count, len(self._waiters))):
+            waiter = self._waiters.popleft()
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(_resolve, waiter)
+                except RuntimeError:  # the loop has closed: nobody waits any more
+                    return
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """:meth:`LaneWakeup.wait` for a coroutine lane."""
+        with self._condition:
+            if self._pending:
+                self._pending -= 1
+                return True
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter, timeout)
+        with self._condition:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+            if self._pending:
+                self._pending -= 1
+                return True
+            return False
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

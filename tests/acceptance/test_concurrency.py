@@ -163,12 +163,12 @@ def task_lock_is_free(engine: Engine, app: App, task_id: int) -> bool:
 
 # --------------------------------------------------------------------- many workers
 def test_four_worker_processes_run_every_task_exactly_once(
-    engine: Engine, app: App, db_url: str, table_name: str
+    engine: Engine, app: App, db_url: str, table_name: str, workers: dict[str, str]
 ) -> None:
     ids = insert_tasks(engine, app, 2000)
     with spawned(
         "worker",
-        RECORDING,
+        workers["recording"],
         "--url",
         db_url,
         "--burst",
@@ -190,14 +190,14 @@ def test_four_worker_processes_run_every_task_exactly_once(
 
 # --------------------------------------------------------------------- signals
 def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
-    engine: Engine, app: App, db_url: str, table_name: str, tmp_path: Path
+    engine: Engine, app: App, db_url: str, table_name: str, tmp_path: Path, workers: dict[str, str]
 ) -> None:
     signals = tmp_path / "signals"
     signals.mkdir()
     go = signals / "go"
     go.touch()
     env = worker_env(table_name, SQLA_QUEUE_TEST_SIGNAL_DIR=str(signals))
-    with spawned("worker", BLOCKING, "--url", db_url, env=env) as [worker]:
+    with spawned("worker", workers["blocking"], "--url", db_url, env=env) as [worker]:
         # quick tasks first, so that the worker's batches grow past one task
         # and the five below are claimed together
         warm_up = insert_tasks(engine, app, 7, process="warm-up")
@@ -228,7 +228,7 @@ def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
     assert "processando" not in after_stop.values()
     assert (started, started, "blocked") in effects(engine, app)
 
-    run_cli("worker", RECORDING, "--url", db_url, "--burst", env=env)
+    run_cli("worker", workers["recording"], "--url", db_url, "--burst", env=env)
     assert set(statuses(engine, app).values()) == {"sucesso"}
     assert sorted(task_id for task_id, _, _ in effects(engine, app)) == sorted(warm_up + ids)
 
@@ -241,7 +241,7 @@ def lease_expired(engine: Engine, app: App, task_id: int) -> bool:
 
 
 def test_sigkill_leaves_the_task_processando_until_the_start_up_rescue(
-    engine: Engine, app: App, db_url: str, table_name: str, tmp_path: Path
+    engine: Engine, app: App, db_url: str, table_name: str, tmp_path: Path, workers: dict[str, str]
 ) -> None:
     """PostgreSQL and MariaDB see the killed worker's lock die at once;
     SQLite, which has no such lock, rescues the task once its lease expires."""
@@ -249,7 +249,7 @@ def test_sigkill_leaves_the_task_processando_until_the_start_up_rescue(
         table_name, SQLA_QUEUE_TEST_SIGNAL_DIR=str(tmp_path), SQLA_QUEUE_TEST_LEASE="1"
     )
     [task_id] = insert_tasks(engine, app, 1)
-    with spawned("worker", BLOCKING, "--url", db_url, env=env) as [worker]:
+    with spawned("worker", workers["blocking"], "--url", db_url, env=env) as [worker]:
         wait_until(lambda: (tmp_path / f"started-{task_id}").exists(), message="the task")
         worker.proc.send_signal(signal.SIGKILL)
         assert worker.wait(timeout=30) == -signal.SIGKILL
@@ -262,7 +262,7 @@ def test_sigkill_leaves_the_task_processando_until_the_start_up_rescue(
             message="the server to free the killed worker's lock",
         )
 
-    run_cli("worker", RECORDING, "--url", db_url, "--burst", env=env)
+    run_cli("worker", workers["recording"], "--url", db_url, "--burst", env=env)
 
     lost, retry = tasks(engine, app)
     assert (lost.id, lost.status, lost.requeued, lost.message) == (
@@ -360,7 +360,7 @@ def test_cli_without_a_database_says_so() -> None:
 # --------------------------------------------------------------------- wake-ups
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_idle_worker_wakes_on_notify(
-    engine: Engine, app: App, db_url: str, table_name: str
+    engine: Engine, app: App, db_url: str, table_name: str, workers: dict[str, str]
 ) -> None:
     # the fallback poll is pushed to a minute: only the NOTIFY can wake the worker in time
     env = worker_env(table_name, QUEUE_WAIT_NOTIFY_INTERVAL="60")
@@ -369,7 +369,7 @@ def test_idle_worker_wakes_on_notify(
         with engine.connect() as conn:
             return conn.execute(text(sql), {"table": table_name}).scalar_one()
 
-    with spawned("worker", RECORDING, "--url", db_url, env=env) as [worker]:
+    with spawned("worker", workers["recording"], "--url", db_url, env=env) as [worker]:
         wait_until(
             lambda: activity(
                 "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"' || :table || '\"'"

@@ -23,12 +23,11 @@ from tests.conftest import wait_until
 from tests.support.app import build
 from tests.support.servers import PrivatePostgres
 
-RECORDING = "tests.support.app:RecordingWorker"
 OPEN = {"agendada", "pendente", "processando"}
 
 
 def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
-    private_postgres: PrivatePostgres, table_name: str
+    private_postgres: PrivatePostgres, table_name: str, workers: dict[str, str]
 ) -> None:
     app = build(table_name)
     engine = private_postgres.engine(pool_pre_ping=True)
@@ -41,7 +40,7 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
 
     with spawned(
         "worker",
-        RECORDING,
+        workers["recording"],
         "--url",
         private_postgres.url,
         "--concurrency",

@@ -25,14 +25,13 @@ from tests.conftest import run_cli, wait_until
 from tests.integration.test_worker import tasks
 from tests.support.app import App, build
 
-KILLER = "tests.support.app:KillerWorker"
 RECORDING = "tests.support.app:RecordingWorker"
 servers = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
 
 
 @servers
 def test_task_that_kills_its_connection_reaches_the_dead_letter_and_the_worker_lives(
-    engine: Engine, app: App, db_url: str, table_name: str
+    engine: Engine, app: App, db_url: str, table_name: str, workers: dict[str, str]
 ) -> None:
     [poison] = insert_tasks(engine, app, 1, process="poison")
     with engine.begin() as conn:
@@ -41,7 +40,9 @@ def test_task_that_kills_its_connection_reaches_the_dead_letter_and_the_worker_l
             .where(app.Task.id == poison)
             .values(payload='{"kill": true}', payload_hash=None)
         )
-    with spawned("worker", KILLER, "--url", db_url, env=worker_env(table_name)) as [worker]:
+    with spawned("worker", workers["killer"], "--url", db_url, env=worker_env(table_name)) as [
+        worker
+    ]:
         wait_until(
             lambda: any(t.dead and t.status == "sucesso" for t in tasks(engine, app)),
             timeout=60,
@@ -80,7 +81,7 @@ def private_server(request: pytest.FixtureRequest) -> tuple[str, Callable[[], li
 
 
 def test_worker_whose_connections_are_all_killed_carries_on_exactly_once(
-    private_server: tuple[str, Callable[[], list[int]]], table_name: str
+    private_server: tuple[str, Callable[[], list[int]]], table_name: str, workers: dict[str, str]
 ) -> None:
     url, kill_connections = private_server
     app = build(table_name)
@@ -88,7 +89,13 @@ def test_worker_whose_connections_are_all_killed_carries_on_exactly_once(
     app.Base.metadata.create_all(engine)
     try:
         with spawned(
-            "worker", RECORDING, "--url", url, "--concurrency", "2", env=worker_env(table_name)
+            "worker",
+            workers["recording"],
+            "--url",
+            url,
+            "--concurrency",
+            "2",
+            env=worker_env(table_name),
         ) as [worker]:
             ids: list[int] = []
             for _ in range(5):
