@@ -6,6 +6,8 @@ queue in the same transaction as the work that consumed it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import events as _events
 from . import flush_insert as _flush_insert
 from . import status_summary as _status_summary  # noqa: F401  (<table>_status, made with the queue table)
@@ -43,6 +45,9 @@ from .worker import (
     dead_subscriber,
     subscriber,
 )
+
+if TYPE_CHECKING:
+    from .aio import AsyncQueueClient as AsyncQueueClient
 
 __version__ = "0.1.0"
 
@@ -86,3 +91,13 @@ __all__ = [
 ]
 
 _events.set_fast_writer(_flush_insert.write_new_tasks)
+
+
+def __getattr__(name: str) -> Any:
+    # imported on first use: sqla_queue.aio imports sqlalchemy.ext.asyncio,
+    # which needs greenlet, and sync code runs without it
+    if name == "AsyncQueueClient":
+        from .aio import AsyncQueueClient
+
+        return AsyncQueueClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

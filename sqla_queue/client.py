@@ -162,19 +162,18 @@ class QueueClient:
         queue_table: str | type[QueueMixin] | Table | None = None,
         queue_subscriber_table: str | None = None,
     ) -> None:
-        conn = _one_of("session_or_connection", session_or_connection, "bd_conn", bd_conn)
-        queue: str | type[QueueMixin] | Table | None = _one_of(
-            "table", table, "queue_table", queue_table
+        conn, queue, subscribers = _constructor_arguments(
+            "QueueClient",
+            "a Session or Connection",
+            (session_or_connection, table, subscriber_table),
+            (bd_conn, queue_table, queue_subscriber_table),
         )
-        subscribers = _one_of(
-            "subscriber_table", subscriber_table, "queue_subscriber_table", queue_subscriber_table
-        )
-        if conn is None or queue is None:
-            raise TypeError("QueueClient() needs a Session or Connection and a queue table")
         if not isinstance(conn, (Session, Connection)):
+            module = type(conn).__module__
             raise ConfigurationError(
                 "QueueClient needs a SQLAlchemy Session or Connection, "
-                f"not {type(conn).__module__}.{type(conn).__qualname__}"
+                f"not {module}.{type(conn).__qualname__}"
+                + (": use sqla_queue.AsyncQueueClient" if module.startswith(_ASYNCIO) else "")
             )
         self.session_or_connection = conn
         self.table = resolve_table(queue)
@@ -379,7 +378,24 @@ class QueueClient:
         return TaskRecord.from_rows(list(rows.keys()), rows.all())
 
 
-def _one_of(name: str, value: Any, seed_name: str, seed_value: Any) -> Any:
-    if value is not None and seed_value is not None:
-        raise TypeError(f"QueueClient() got both {name} and {seed_name} (one parameter)")
-    return value if value is not None else seed_value
+_ASYNCIO = "sqlalchemy.ext.asyncio."
+_NAMES = ("session_or_connection", "table", "subscriber_table")
+_SEED_NAMES = ("bd_conn", "queue_table", "queue_subscriber_table")
+
+
+def _constructor_arguments(
+    owner: str, wanted: str, values: tuple[Any, Any, Any], seed_values: tuple[Any, Any, Any]
+) -> tuple[Any, str | type[QueueMixin] | Table, str | None]:
+    """(connection, table, subscriber table) from a client constructor's
+    arguments, each given by its name or by nsj-queue-lib's, not both."""
+    chosen = []
+    for name, value, seed_name, seed_value in zip(
+        _NAMES, values, _SEED_NAMES, seed_values, strict=True
+    ):
+        if value is not None and seed_value is not None:
+            raise TypeError(f"{owner}() got both {name} and {seed_name} (one parameter)")
+        chosen.append(value if value is not None else seed_value)
+    conn, queue, subscribers = chosen
+    if conn is None or queue is None:
+        raise TypeError(f"{owner}() needs {wanted} and a queue table")
+    return conn, queue, subscribers

@@ -9,6 +9,14 @@ its ``payload_text`` assigned directly (hashed as is). Nothing here commits:
 the row is written by the flush the application was doing anyway, so it
 commits or rolls back with the business change.
 
+An ``AsyncSession`` flushes through a plain ``Session`` of its own
+(``sync_session``), in a greenlet, so async code is served by the same
+listener: ``install()`` takes an AsyncSession class, an
+``async_sessionmaker`` or an AsyncSession and registers it on the sync
+target SQLAlchemy's asyncio layer flushes through (see
+:func:`_flushed_through`). The fast writer and the unique-task admission
+run inside that flush, on its sync connection, as they do for a Session.
+
 Every other way into the table through the ORM either gets the same
 preparation or fails loudly; none stores a row without its hash or with a
 wrong status:
@@ -32,8 +40,9 @@ write raw columns as plain SQL does.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import event, inspect
 from sqlalchemy.engine import Connection, Result
@@ -55,32 +64,86 @@ from .stamps import registered as stamps_registered
 from .types import utcnow
 from .validation import check_attributes
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
 __all__ = ["install", "prepare_task", "uninstall"]
 
-SessionTarget = type[Session] | sessionmaker[Any] | Session
-_installed: list[SessionTarget] = []
+#: what :func:`install` takes: the sync targets SQLAlchemy's session events
+#: take, and their asyncio counterparts
+SessionTarget: TypeAlias = (
+    "type[Session] | sessionmaker[Any] | Session"
+    " | type[AsyncSession] | async_sessionmaker[Any] | AsyncSession"
+)
+_SyncTarget: TypeAlias = "type[Session] | sessionmaker[Any] | Session"
+# (what install() was given, the sync target its listener is on): two
+# targets may share a listener (install(Session) and install(AsyncSession))
+_installed: list[tuple[SessionTarget, _SyncTarget]] = []
 
 
 _PREPARED = "_sqla_queue_prepared"
 # the payload_text a stored row was last hashed for, by the hook
 _HASHED_TEXT = "_sqla_queue_hashed_text"
 _NONE: Any = object()
+_HOOK_RAN = "sqla_queue_hook_ran"
 
 
 def install(target: SessionTarget = Session) -> None:
-    """Complete queue rows on flush for sessions of ``target`` (idempotent)."""
-    if not event.contains(target, "before_flush", _before_flush):
-        event.listen(target, "before_flush", _before_flush)
-        _installed.append(target)
+    """Complete queue rows on flush for sessions of ``target`` (idempotent):
+    a Session class, a sessionmaker or a Session, or their asyncio
+    counterparts (an AsyncSession class, an ``async_sessionmaker`` or an
+    AsyncSession). ``install(AsyncSession)`` is ``install(Session)`` when
+    ``AsyncSession.sync_session_class`` is ``Session``, as it is unless
+    configured: an AsyncSession flushes through a plain Session."""
+    sync = _flushed_through(target)
+    if not any(given is target for given, _ in _installed):
+        _installed.append((target, sync))
+    if not event.contains(sync, "before_flush", _before_flush):
+        event.listen(sync, "before_flush", _before_flush)
 
 
 def uninstall(target: SessionTarget | None = None) -> None:
-    """Undo :func:`install` for ``target``, or for every target when None."""
-    for installed in list(_installed):
-        if target is None or installed is target:
-            if event.contains(installed, "before_flush", _before_flush):
-                event.remove(installed, "before_flush", _before_flush)
-            _installed.remove(installed)
+    """Undo :func:`install` for ``target``, or for every target when None.
+    A listener another installed target shares stays."""
+    removed = [entry for entry in _installed if target is None or entry[0] is target]
+    for entry in removed:
+        _installed.remove(entry)
+    for _, sync in removed:
+        shared = any(other is sync for _, other in _installed)
+        if not shared and event.contains(sync, "before_flush", _before_flush):
+            event.remove(sync, "before_flush", _before_flush)
+
+
+def _flushed_through(target: SessionTarget) -> _SyncTarget:
+    """The sync target whose sessions do ``target``'s flushes.
+
+    An AsyncSession flushes through its ``sync_session``; an AsyncSession
+    class through its ``sync_session_class``. An ``async_sessionmaker``
+    through the ``sync_session_class`` it was configured with, else through
+    a subclass of its class's that this gives it (``configure()``), as a
+    sessionmaker makes a subclass of its own: installing on one maker
+    reaches that maker's sessions, not every Session of the process."""
+    if isinstance(target, (Session, sessionmaker)) or (
+        isinstance(target, type) and issubclass(target, Session)
+    ):
+        return target
+    # An async target exists only once sqlalchemy.ext.asyncio is imported;
+    # importing it here would fail without greenlet, which sync code lacks.
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if aio is None:
+        return target  # type: ignore[return-value]  # event.listen says what is wrong
+    if isinstance(target, aio.AsyncSession):
+        return target.sync_session  # type: ignore[no-any-return]
+    if isinstance(target, type) and issubclass(target, aio.AsyncSession):
+        return target.sync_session_class  # type: ignore[no-any-return]
+    if isinstance(target, aio.async_sessionmaker):
+        sync = target.kw.get("sync_session_class")
+        if sync is None:
+            base = target.class_.sync_session_class
+            sync = type(base.__name__, (base,), {})
+            target.configure(sync_session_class=sync)
+        return sync  # type: ignore[no-any-return]
+    return target  # type: ignore[return-value]
 
 
 def _is_installed(session: Session) -> bool:
@@ -152,6 +215,12 @@ def _prepare_payload(task: QueueMixin, *, new: bool) -> None:
 
 
 def _before_flush(session: Session, flush_context: UOWTransaction, instances: Any) -> None:
+    # once per flush, however many of the session's targets have it: a
+    # sessionmaker's (or an async_sessionmaker's) class is a subclass of
+    # Session, and listeners on both are both called
+    if _HOOK_RAN in flush_context.attributes:
+        return
+    flush_context.attributes[_HOOK_RAN] = True
     new = session.new
     tasks = [obj for obj in new if isinstance(obj, QueueMixin)]
     for obj in tasks:

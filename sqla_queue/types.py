@@ -8,6 +8,7 @@ UTC (``DATETIME(6)`` / ISO text), converted on the way in and out.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import TEXT, DateTime, LargeBinary
@@ -105,6 +106,23 @@ class PayloadHash(TypeDecorator[bytes]):
     def process_bind_param(self, value: bytes | None, dialect: Dialect) -> bytes | None:
         if isinstance(value, PendingHash):
             raise UnpreparedTaskError()
+        return value
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
+        if dialect.driver == "aiomysql":
+            return self._bind_as_text
+        return super().bind_processor(dialect)
+
+    def _bind_as_text(self, value: bytes | None) -> bytes | str | None:
+        # aiomysql (0.3.2; the mysql extra installs asyncmy, users may name
+        # aiomysql) escapes bytes with a PyMySQL helper that PyMySQL 1.2.3
+        # replaced by a string: every bytes parameter fails
+        # (aio-libs/aiomysql#1080). Sent as text, the digest's ASCII is
+        # stored, and compared, as the same bytes by the VARBINARY column.
+        if isinstance(value, PendingHash):
+            raise UnpreparedTaskError()
+        if value is not None and value.isascii():
+            return value.decode("ascii")
         return value
 
 

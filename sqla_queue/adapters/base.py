@@ -329,6 +329,17 @@ class Adapter:
         self._complete_custom = (
             update(table).where(c.id == bindparam("b_id")).values(mensagem=bindparam("b_message"))
         )
+        #: one task (a batch of one: transaction_per_task, slow or I/O-bound
+        #: handlers): one primary-key statement with its message
+        self._complete_one = (
+            update(table)
+            .where(c.id == bindparam("b_id"), *claimed)
+            .values(
+                status=Status.SUCCEEDED.value,
+                mensagem=bindparam("b_message"),
+                finished_at=self.clock(),
+            )
+        )
         self._hand_back = (
             update(table)
             .where(self._id_in("ids"), *claimed)
@@ -699,6 +710,11 @@ class Adapter:
         the rows still claimed by ``owner``; the number of rows completed."""
         if not results:
             return 0
+        if len(results) == 1:
+            [(task_id, message)] = results
+            text_ = SUCCESS_MESSAGE if message is None else message
+            params = {"b_id": task_id, "b_message": text_, "owner": owner}
+            return int(conn.execute(self._complete_one, params).rowcount)
         ids = [task_id for task_id, _ in results]
         done = conn.execute(self._complete, {"ids": ids, "owner": owner}).rowcount
         custom = [

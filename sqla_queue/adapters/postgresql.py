@@ -374,10 +374,15 @@ class PostgresAdapter(Adapter):
         columns = self._columns_of(rows)
         names = ", ".join(f'"{name}"' for name in ("id", *columns))
         statement = f"COPY {self._quoted()} ({names}) FROM STDIN"
+        rows_out = zip(ids, *columns.values(), strict=True)
         # conn.execute above began the transaction or refused a dead one
-        with driver_cursor(conn, statement) as cursor, cursor.copy(statement) as copy:
-            for row in zip(ids, *columns.values(), strict=True):
-                copy.write_row(row)
+        with driver_cursor(conn, statement) as cursor:
+            if conn.dialect.is_async:
+                _copy_async(conn, statement, rows_out)
+            else:
+                with cursor.copy(statement) as copy:
+                    for row in rows_out:
+                        copy.write_row(row)
         return ids
 
     def task_copy_text(
@@ -404,12 +409,14 @@ class PostgresAdapter(Adapter):
                 copy.write(chunk)
 
     def can_copy_text(self, conn: Connection) -> bool:
-        """Whether :meth:`task_copy_text` may run on ``conn`` now: psycopg,
-        in a transaction that nothing watches (see statements_unobserved)."""
-        return self._can_copy(conn) and statements_unobserved(conn)
+        """Whether :meth:`task_copy_text` may run on ``conn`` now: psycopg's
+        sync mode, in a transaction that nothing watches (see
+        statements_unobserved)."""
+        return self._can_copy(conn) and not conn.dialect.is_async and statements_unobserved(conn)
 
     @staticmethod
     def _can_copy(conn: Connection) -> bool:
+        # psycopg's async dialect is named "psycopg" too (is_async tells them apart)
         return conn.dialect.driver == "psycopg"
 
     def task_claim_many(
@@ -430,9 +437,8 @@ class PostgresAdapter(Adapter):
         touches no statement of the application, and ends with the commit.
         (One statement per task, an executemany, cost half the batched
         worker's rate: docs/benchmarks.md, (g).)"""
-        if not results:
-            return 0
-        conn.execute(self._plan_with_indexes)
+        if len(results) > 1:  # one task: a primary-key probe, whatever the plan
+            conn.execute(self._plan_with_indexes)
         return super().task_complete_many(conn, results=results, owner=owner)
 
     def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int], owner: str) -> int:
@@ -699,3 +705,20 @@ class PostgresListener(Listener):
             finally:
                 with contextlib.suppress(Exception):
                     conn.close()
+
+
+def _copy_async(conn: Connection, statement: str, rows: Iterable[Sequence[Any]]) -> None:
+    """COPY ``rows`` on the psycopg AsyncConnection under ``conn`` (an
+    AsyncSession's or AsyncConnection's sync facade, in SQLAlchemy's
+    greenlet): SQLAlchemy's adapted cursor has no ``copy()``, so the
+    driver's own cursor copies, awaited from the greenlet in one go."""
+    from sqlalchemy.util import await_only
+
+    driver_connection: Any = conn.connection.driver_connection
+
+    async def copy() -> None:
+        async with driver_connection.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                await copy.write_row(row)
+
+    await_only(copy())

@@ -37,7 +37,8 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 default=1,
                 show_default=True,
                 type=click.IntRange(min=1),
-                help="lanes (threads) in this process",
+                help="lanes in this process: threads, or for a worker whose handlers are "
+                "async def, coroutines on one event loop (each lane holds two connections)",
             ),
             click.option(
                 "--burst", is_flag=True, help="exit 0 once no task is ready (pending and due)"

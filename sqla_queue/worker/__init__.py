@@ -1,7 +1,10 @@
 """Workers: the handler base class, the composition root that builds a
-worker's parts (QueueApp) and the runner that drives them."""
+worker's parts (QueueApp) and the runners that drive them (``AsyncRunner``,
+for coroutine handlers, imported on first use: it needs greenlet)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .app import QueueApp
 from .base import WorkerBase
@@ -10,6 +13,7 @@ from .runner import Runner
 from .webhook import SubscriberWebhook, WorkerWebhook
 
 __all__ = [
+    "AsyncRunner",
     "QueueApp",
     "Runner",
     "SubscriberWebhook",
@@ -19,3 +23,11 @@ __all__ = [
     "dead_subscriber",
     "subscriber",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AsyncRunner":
+        from .aio import AsyncRunner
+
+        return AsyncRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

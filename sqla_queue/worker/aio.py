@@ -60,9 +60,10 @@ logger = logging.getLogger("sqla_queue.worker")
 
 class AsyncRunner(Runner):
     """The :class:`Runner` of a worker whose handlers are coroutines (see
-    the module); ``Runner(worker)`` makes one for such a worker."""
+    the module); ``WorkerBase.run()`` and the CLI choose it for such a worker."""
 
     lane_kind = "coroutine lane(s)"
+    runs_coroutines = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

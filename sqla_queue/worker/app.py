@@ -111,8 +111,12 @@ class QueueApp:
         self.async_engine: Any = None
         self.lane_engine: Engine = self.engine
         if self.is_async and connection is None:
+            # from the URL as given (its options, prepare_threshold among
+            # them, become connect arguments), else from the engine's
             self.async_engine = make_async_engine(
-                self.engine.url, pool_size=self._lane_connections(), max_overflow=0
+                url or self.settings.url or self.engine.url if engine is None else engine.url,
+                pool_size=self._lane_connections(),
+                max_overflow=0,
             )
             self.lane_engine = self.async_engine.sync_engine
         self.effective: Effective = resolve(cls, self.settings, self.configuration_rows)

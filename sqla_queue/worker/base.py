@@ -463,6 +463,9 @@ class WorkerBase(abc.ABC):
         ready). Returns the process exit status (0)."""
         from .runner import Runner
 
+        if type(self).is_async():
+            from .aio import AsyncRunner as Runner  # type: ignore[assignment]
+
         return Runner(
             self,
             url=url,

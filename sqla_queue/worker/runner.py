@@ -123,16 +123,6 @@ class Runner:
     stops: at a signal, in burst mode when no task is ready, or when
     another thread calls ``stop()``."""
 
-    def __new__(cls, worker: Worker | None = None, **kwargs: Any) -> Runner:
-        # a worker whose handlers are coroutines runs on an event loop
-        app = kwargs.get("app")
-        target = worker if worker is not None else getattr(app, "worker", None)
-        if cls is Runner and target is not None and type(target).is_async():
-            from .aio import AsyncRunner
-
-            cls = AsyncRunner
-        return super().__new__(cls)
-
     def __init__(
         self,
         worker: Worker | None = None,
@@ -160,6 +150,14 @@ class Runner:
                 batch_size=batch_size,
                 settings=settings,
                 clock=clock,
+            )
+        if app.is_async != self.runs_coroutines:
+            name = type(app.worker).__name__
+            raise ConfigurationError(
+                f"{name}'s handlers are coroutine functions: run it with "
+                "sqla_queue.worker.AsyncRunner, or with its run()"
+                if app.is_async
+                else f"{name}'s handlers are not coroutine functions: run it with Runner"
             )
         self.app = app
         self.worker = app.worker
@@ -298,6 +296,8 @@ class Runner:
     # ---------------------------------------------------------------- lanes
     #: what a lane is, for the start-up log line
     lane_kind = "lane(s)"
+    #: whether the lanes await coroutine handlers (``aio.AsyncRunner``)
+    runs_coroutines = False
 
     def _lane_threads(self) -> list[threading.Thread]:
         """The threads that run the lanes (here: one a lane)."""
