@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -127,6 +127,14 @@ class BatchResult:
     seconds: float = 0.0
 
 
+class ClaimSource(Protocol):
+    """What claims a batch: an adapter, or a claim built on adapters."""
+
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]: ...
+
+
 class TaskManager:
     def __init__(
         self,
@@ -154,9 +162,10 @@ class TaskManager:
         self.middleware = tuple(middleware)
         #: the observers of outcomes, called after each commit (hooks.py)
         self.hooks = hooks or Hooks()
-        #: claims through this adapter instead, while processes are paused
-        #: (the same table and locks, its claim skipping them: pause.py)
-        self.claim_adapter: Adapter | None = None
+        #: claims through this instead: an adapter whose claim skips paused
+        #: processes (the same table and locks: pause.py), a fair claim
+        #: by key (fairness.py), or both
+        self.claim_adapter: ClaimSource | None = None
         #: the claims of processes with a fleet-wide concurrency limit
         #: (limits.py), made before the others, which leave them out
         self.limited: LimitedClaims | None = None

@@ -41,7 +41,7 @@ from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 from sqlalchemy.sql.elements import ColumnElement
 
-from .exceptions import UnpreparedTaskError
+from .exceptions import ConfigurationError, UnpreparedTaskError
 from .identifiers import derived_identifier, validate_identifier
 from .payload import UNHASHED, PendingHash, decode_payload
 from .types import PayloadHash, PayloadText, UtcDateTime, utc_now
@@ -135,6 +135,9 @@ class QueueMixin:
     #: False: no <table>_status beside the queue table (the finished
     #: states' counts that sqla-queue status keeps: status_summary.py)
     __queue_status_table__: ClassVar[bool] = True
+    #: columns a worker may claim fairly by (``fair_by``, docs/fairness.md):
+    #: each gets ix_<table>_justo_<column>, ready rows by key in claim order
+    __queue_fair_by__: ClassVar[tuple[str, ...]] = ()
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
 
@@ -291,9 +294,16 @@ on which dialects the index is made (``dialects``, None: every one). The
 alembic operations read it (docs/migrations.md)."""
 
 
-def add_queue_schema(table: Table, channel: str, *, equivalence_index: bool = True) -> None:
+def add_queue_schema(
+    table: Table,
+    channel: str,
+    *,
+    equivalence_index: bool = True,
+    fair_by: tuple[str, ...] = (),
+) -> None:
     """Indexes and, on PostgreSQL, the NOTIFY trigger of one queue table.
-    ``equivalence_index``: whether to make ``ix_<table>_equivalente``."""
+    ``equivalence_index``: whether to make ``ix_<table>_equivalente``;
+    ``fair_by``: the columns of ``ix_<table>_justo_<column>``."""
     if table.info.get("sqla_queue"):
         return
     validate_identifier(table.name, "table name")
@@ -348,6 +358,29 @@ def add_queue_schema(table: Table, channel: str, *, equivalence_index: bool = Tr
         sqlite_where=pending,
         dialects=_PARTIAL_INDEX_DIALECTS,
     )
+    # Per-key fairness (fairness.py): the keys with ready rows are found by
+    # skipping through the index from key to key, and each key's ready rows
+    # are claimed in claim order from it
+    for fair in fair_by:
+        key = c[fair]
+        index(
+            f"justo_{fair}",
+            key,
+            c.prioridade.desc(),
+            c.data_hora,
+            c.id,
+            postgresql_where=pending,
+            sqlite_where=pending,
+            dialects=_PARTIAL_INDEX_DIALECTS,
+        )
+        index(
+            f"status_justo_{fair}",
+            c.status,
+            key,
+            c.prioridade.desc(),
+            c.data_hora,
+            dialects=_MYSQL_DIALECTS,
+        )
     pending_copy = and_(pending, c.subscriber_id.is_not(None))
     index(
         "pendente_assinante",
@@ -575,6 +608,21 @@ def _add_notify_trigger(table: Table, channel: str) -> None:
         event.listen(table, when, ddl_element.execute_if(dialect="postgresql"))
 
 
+def fair_columns(cls: type, table: Table) -> tuple[str, ...]:
+    """``cls.__queue_fair_by__`` checked: a tuple of the table's column names."""
+    declared = getattr(cls, "__queue_fair_by__", ())
+    if isinstance(declared, str) or not isinstance(declared, tuple):
+        raise ConfigurationError(
+            f"{cls.__name__}.__queue_fair_by__ must be a tuple of column names, not {declared!r}"
+        )
+    for column in declared:
+        if not isinstance(column, str) or column not in table.c:
+            raise ConfigurationError(
+                f"{cls.__name__}.__queue_fair_by__: {column!r} is not a column of {table.name}"
+            )
+    return declared
+
+
 @event.listens_for(QueueMixin, "after_mapper_constructed", propagate=True)
 def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
     table = mapper.local_table
@@ -583,6 +631,7 @@ def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
             table,
             channel_of(cls, table),
             equivalence_index=bool(getattr(cls, "__queue_equivalence_index__", True)),
+            fair_by=fair_columns(cls, table),
         )
     if mapper.inherits is None and "eager_defaults" not in _mapper_args(cls):
         # The INSERT returns the id only; the server defaults (data_hora,

@@ -20,6 +20,7 @@ transaction and the status updates that commit with them.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -78,6 +79,11 @@ class ErrorKind(enum.Enum):
     OTHER = "other"
 
 
+#: the key a fair claim takes tasks of now (sqla_queue.fairness): read by
+#: the claim statements of a ClaimFilter with ``fair_column`` as they run
+FAIR_KEY: contextvars.ContextVar[Any] = contextvars.ContextVar("sqla_queue_fair_key")
+
+
 @dataclass(frozen=True)
 class ClaimFilter:
     """Which ready rows a worker's claim may take (the runner decides, the
@@ -97,10 +103,23 @@ class ClaimFilter:
     delay_seconds: float = 0.0
     #: processes paused across the fleet (sqla_queue.pause): never claimed
     paused: frozenset[str] = frozenset()
+    #: per-key fairness (sqla_queue.fairness): only rows whose column
+    #: ``fair_column`` holds the key in :data:`FAIR_KEY` when the statement
+    #: runs (``fair_null``: only rows where it is NULL)
+    fair_column: str | None = None
+    fair_null: bool = False
 
     def predicate(self, table: Table) -> ColumnElement[bool] | None:
         """The WHERE condition, or None when every row qualifies."""
         routed = self._routed(table)
+        if self.fair_column is not None:
+            column = table.c[self.fair_column]
+            keyed = (
+                column.is_(None)
+                if self.fair_null
+                else column == bindparam("fair_key", callable_=FAIR_KEY.get, type_=column.type)
+            )
+            routed = keyed if routed is None else and_(routed, keyed)
         if self.paused:
             c = table.c
             running = or_(c.processo.is_(None), c.processo.not_in(sorted(self.paused)))

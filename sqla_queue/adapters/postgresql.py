@@ -76,7 +76,11 @@ TASK_UNLOCK = "pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)"
 OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
 #: set on the worker's own connections (claim, heartbeat, routines), with
 #: the server version that has the parameter: see PostgresAdapter.own_connection
-SESSION_SETTINGS = (("enable_seqscan", "off", (0,)), ("idle_session_timeout", "0", (14,)))
+SESSION_SETTINGS = (
+    ("enable_seqscan", "off", (0,)),
+    ("jit", "off", (11,)),
+    ("idle_session_timeout", "0", (14,)),
+)
 _SESSION_MARK = "sqla_queue_session"
 
 
@@ -467,6 +471,12 @@ class PostgresAdapter(Adapter):
           or off; a new table) is costed at ten pages, a full scan looks
           cheaper than a few index probes, and a prepared statement keeps
           that generic plan while the table grows (docs/benchmarks.md, (g)).
+        - ``jit = off`` (PostgreSQL 11+): a plan that has to read a table
+          whole (an index missing, dropped or not yet made) is costed at
+          ``enable_seqscan``'s ten billion, far past ``jit_above_cost``,
+          and PostgreSQL then compiled the claim at every run: 630 ms of
+          JIT for a claim of an empty table, measured. Our statements read
+          a few rows; JIT never pays for them.
         - ``idle_session_timeout = 0`` (PostgreSQL 14+): a lane's claim
           connection is idle while its handlers run, and holds their
           per-task locks; a server that ends idle sessions would free them

@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
+from ..adapters.fairness import FairnessQueries
 from ..adapters.limits import LimitQueries, RateBuckets
 from ..catalog import TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import (
@@ -32,13 +33,14 @@ from ..configuration_table import (
     read_rows,
 )
 from ..exceptions import ConfigurationError, WorkerDatabaseError
+from ..fairness import FairClaims, check_fair_by
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
 from ..limits import LimitedClaims, check_limits, check_rates
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
-from ..manager import TaskManager
+from ..manager import ClaimSource, TaskManager
 from ..mixins import channel_of
 from ..pipeline import registered_middleware
 from ..ranges import LEASE_SECONDS
@@ -148,8 +150,10 @@ class QueueApp:
             claim_filter = dataclasses.replace(claim_filter or ClaimFilter(), paused=self._limited)
             self._claim_filter = claim_filter
         self.adapter: Adapter = self._adapter_for(claim_filter)
+        #: per-key fairness (fairness.py): the column the claims take turns by
+        self._fair_by = check_fair_by(cls.fair_by, cls.__name__, model, model.__table__)
         #: the adapter whose claims skip each set of paused processes (pause.py)
-        self._paused_adapters: dict[frozenset[str], Adapter] = {}
+        self._paused_adapters: dict[frozenset[str], ClaimSource] = {}
         providers.check_adapter(self.adapter, self.settings)
         if not in_transaction:
             self.adapter.prepare_engine(self.engine)
@@ -180,6 +184,7 @@ class QueueApp:
             hooks=self.hooks,
         )
         self.manager.limited = self._limited_claims()
+        self.manager.claim_adapter = self._fair_claims(claim_filter, self.adapter)
         #: wakes idle lanes, one a call (the schedule routine calls it too);
         #: coroutine lanes wait on the event loop, woken from any thread
         self.wake = (AsyncLaneWakeup if self.is_async else LaneWakeup)(self.concurrency)
@@ -391,14 +396,29 @@ class QueueApp:
             self.manager.limited.paused = paused
         paused = paused | self._limited
         if paused == self._limited:
-            self.manager.claim_adapter = None
+            self.manager.claim_adapter = self._fair_claims(self._claim_filter, self.adapter)
             return
-        adapter = self._paused_adapters.get(paused)
-        if adapter is None:
-            base = self._claim_filter or ClaimFilter()
-            adapter = self._adapter_for(dataclasses.replace(base, paused=paused))
-            self._paused_adapters[paused] = adapter
-        self.manager.claim_adapter = adapter
+        source = self._paused_adapters.get(paused)
+        if source is None:
+            claim_filter = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=paused)
+            adapter = self._adapter_for(claim_filter)
+            source = self._fair_claims(claim_filter, adapter) or adapter
+            self._paused_adapters[paused] = source
+        self.manager.claim_adapter = source
+
+    def _fair_claims(self, claim_filter: ClaimFilter | None, plain: Adapter) -> FairClaims | None:
+        """The fair claim (fairness.py) over ``plain``'s, for a worker with
+        ``fair_by``; None without."""
+        if self._fair_by is None:
+            return None
+        base = claim_filter or ClaimFilter()
+        return FairClaims(
+            plain,
+            lambda null: self._adapter_for(
+                dataclasses.replace(base, fair_column=self._fair_by, fair_null=null)
+            ),
+            FairnessQueries(plain.table, self._fair_by),
+        )
 
     def check_table(self, *, wait_for_database: bool = False) -> None:
         """Refuse to start on a queue table that does not exist, or that

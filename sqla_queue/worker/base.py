@@ -130,6 +130,10 @@ class WorkerBase(abc.ABC):
     tenant_resolver: ClassVar[TenantResolver | None] = None
     #: the tenant engines while a runner runs this worker (open_tenants)
     _tenant_engines: TenantEngines | None = None
+    #: per-key fairness (docs/fairness.md): a column of the model's
+    #: ``__queue_fair_by__``; claims take turns by its value (a tenant's
+    #: backlog does not starve another tenant's tasks). None: claim order
+    fair_by: ClassVar[str | None] = None
     #: async workers: warn, naming the task, when a handler holds the event
     #: loop this long without awaiting (time.sleep, requests, a CPU loop)
     blocking_warning_seconds: ClassVar[float] = 0.5

@@ -36,6 +36,7 @@ class Worker(Protocol):
     _lease_seconds: float
     _time_limit_seconds: float | None
     blocking_warning_seconds: ClassVar[float]
+    fair_by: ClassVar[str | None]
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]: ...

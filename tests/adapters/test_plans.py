@@ -18,6 +18,7 @@ PostgreSQL, ``type: ALL`` on MariaDB, ``SCAN`` without an index on SQLite).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import re
 import uuid
@@ -32,10 +33,12 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for
+from sqla_queue.adapters.fairness import FairnessQueries
 from sqla_queue.adapters.inspection import InspectionQueries
 from sqla_queue.adapters.limits import LimitQueries
 from sqla_queue.adapters.unique import UniqueQueries
 from sqla_queue.configuration_table import configuration_table_of
+from sqla_queue.fairness import FairClaims
 from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
 from sqla_queue.settings import Settings, normalize_url
 from sqla_queue.types import utcnow
@@ -173,6 +176,34 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
     with engine.begin() as conn:
         control.retry_now(conn, adapter, later)
         control.cancel_task(conn, adapter, ready)
+    # a fair claim by tenant (fairness.py): the keys' skip scan, each key's
+    # share, the rows without a key, the top-up in plain claim order
+    with Session(engine) as session, session.begin():
+        client = QueueClient(session, app.Task.__tablename__)
+        for tenant in (1, 2, None, 1):
+            client.insert_task(processo="justo", payload={"t": tenant}, tenant=tenant)
+    keyed = ClaimFilter(fair_column="tenant")
+    fair = FairClaims(
+        adapter,
+        lambda null: adapter_for(
+            engine.dialect,
+            adapter.table,
+            adapter.channel,
+            claim_filter=dataclasses.replace(keyed, fair_null=null),
+        ),
+        FairnessQueries(adapter.table, "tenant"),
+    )
+    with contextlib.closing(adapter.connect_claim(engine)) as claim:
+        for _ in range(2):
+            with claim.begin() if not adapter.claim_autocommit else contextlib.nullcontext():
+                taken = fair.task_claim_many(claim, limit=8, owner="fair", lease_seconds=30)
+            assert len({task.id for task in taken}) >= 4
+            ids = [task.id for task in taken]
+            with engine.begin() as conn:
+                adapter.task_hand_back_many(conn, ids=ids, owner="fair")
+            adapter.lock_release_many(claim, ids=ids)
+            if claim.in_transaction():
+                claim.commit()
     # a claim while a process is paused (pause.py): its NOT IN is a filter
     paused = adapter_for(
         engine.dialect,
@@ -254,7 +285,7 @@ def pg_url() -> str:
 @pytest.mark.parametrize("dead", [0, 1_000_000], ids=["empty-never-analysed", "1M-dead"])
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> None:
-    app = build(f"fila_{uuid.uuid4().hex[:10]}")
+    app = build(f"fila_{uuid.uuid4().hex[:10]}", fair_by=("tenant",))
     table = app.Task.__tablename__
     seen = Seen(table)
     with explained_postgres(pg_url, mode, seen) as engine:
@@ -368,7 +399,7 @@ def test_mariadb_and_sqlite_plans_read_an_index(kind: str, finished: int, tmp_pa
         url = f"sqlite:///{tmp_path / 'queue.db'}"
     else:
         url = str(normalize_url(server_url("mysql")).render_as_string(hide_password=False))
-    app = build(f"fila_{uuid.uuid4().hex[:10]}")
+    app = build(f"fila_{uuid.uuid4().hex[:10]}", fair_by=("tenant",))
     seen = Seen(app.Task.__tablename__)
     explain = _sqlite_full_scans if kind == "sqlite" else _mysql_full_scans
     with captured(url, seen, explain) as engine:

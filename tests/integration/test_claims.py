@@ -558,8 +558,11 @@ def test_the_worker_connections_session_settings_go_back_to_the_servers_at_check
     pooled = create_engine(engine.url, pool_size=1, max_overflow=0)
     worker = runner(app.RecordingWorker, engine)  # its adapter, on the small pool below
     if engine.dialect.name == "postgresql":
-        query = "SELECT current_setting('idle_session_timeout'), current_setting('enable_seqscan')"
-        own, server = ("0", "off"), ("0", "on")
+        query = (
+            "SELECT current_setting('idle_session_timeout'), current_setting('enable_seqscan'), "
+            "current_setting('jit')"
+        )
+        own, server = ("0", "off", "off"), ("0", "on", "on")
     else:
         query = "SELECT @@SESSION.wait_timeout = @@GLOBAL.wait_timeout, @@SESSION.wait_timeout"
         own, server = (0, 31_536_000), (1, None)
@@ -573,7 +576,7 @@ def test_the_worker_connections_session_settings_go_back_to_the_servers_at_check
             values = tuple(conn.execute(text(query)).one())
         assert values[0] == server[0]
         if engine.dialect.name == "postgresql":
-            assert values[1] == server[1]
+            assert values[1:] == server[1:]
     finally:
         pooled.dispose()
 

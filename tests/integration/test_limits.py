@@ -1,5 +1,6 @@
 """Fleet-wide concurrency limits (sqla_queue/limits.py, docs/limits.md):
-4 worker processes of 4 lanes each never run more than 2 tasks of a
+4 worker processes of 4 lanes each (threads, or coroutines for the async
+worker) never run more than 2 tasks of a
 limited process at once, on every database, while an unlimited process
 beside it runs on more lanes than that (so that the measure can see an
 excess; not on SQLite, where one batch runs at a time); every task runs
@@ -30,8 +31,9 @@ from tests.support.app import App
 from tests.support.limits_app import LIMIT, RATE, most_at_once, spans
 
 
+@pytest.mark.parametrize("worker", ["LimitedWorker", "AsyncLimitedWorker"])
 def test_a_limited_process_never_runs_past_its_limit_across_the_fleet(
-    engine: Engine, app: App, db_url: str, tmp_path: Path
+    engine: Engine, app: App, db_url: str, tmp_path: Path, worker: str
 ) -> None:
     with engine.begin() as conn:
         QueueClient(conn, app.Task).insert_tasks(
@@ -39,13 +41,13 @@ def test_a_limited_process_never_runs_past_its_limit_across_the_fleet(
             + [{"process": "livre", "payload": {"n": n}} for n in range(40)]
         )
     env = worker_env(app.Task.__table__.name, SQLA_QUEUE_TEST_PROBE=str(tmp_path))
-    args = ("worker", "tests.support.limits_app:LimitedWorker", "--url", db_url)
+    args = ("worker", f"tests.support.limits_app:{worker}", "--url", db_url)
     # --burst: each exits 0 once nothing is ready (a late starter at once).
     # 4 lanes each: on a loaded machine one process may run most of the
     # tasks before the others start, and must show an excess on its own
     with spawned(*args, "--concurrency", "4", "--burst", env=env, count=4) as workers:
-        for worker in workers:
-            assert worker.wait(timeout=90) == 0, worker.output
+        for process in workers:
+            assert process.wait(timeout=90) == 0, process.output
     done = effects(engine, app)
     assert len(done) == len({task_id for task_id, _, _ in done}) == 80  # each once
     assert 1 <= most_at_once(tmp_path, "limitado") <= LIMIT

@@ -42,12 +42,13 @@ def started_then_wait_for_go(task_id: int) -> None:
         time.sleep(0.01)  # the handler's own work, not a test wait
 
 
-def build(table: str) -> App:
+def build(table: str, *, fair_by: tuple[str, ...] = ()) -> App:
     class Base(DeclarativeBase):
         pass
 
     class Task(QueueMixin, Base):
         __tablename__ = table
+        __queue_fair_by__ = fair_by
         # each test's own: a queue_configuration that one test fills must not
         # configure the workers of tests running beside it on a shared server
         __queue_configuration__ = f"{table}_configuration"

@@ -7,6 +7,7 @@ counter per process shared by every worker process (a file under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tests.support.app import RecordingWorker, started_then_wait_for_go
+from tests.support.async_app import Recording as AsyncRecording
 
 LIMIT = 2
 #: the rate limit's tasks per second
@@ -55,6 +57,18 @@ class LimitedWorker(RecordingWorker):
         with counted(str(task.process)):
             time.sleep(HOLD_SECONDS)  # the task's work (not a wait for something)
         return super().execute(payload, task, session)
+
+
+class AsyncLimitedWorker(AsyncRecording):
+    """:class:`LimitedWorker` with an async handler: coroutine lanes."""
+
+    concurrency_limits: ClassVar[dict[str, int]] = {"limitado": LIMIT}
+    batch_size = 4
+
+    async def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        with counted(str(task.process)):
+            await asyncio.sleep(HOLD_SECONDS)  # the task's work
+        return await super().execute(payload, task, session)
 
 
 class DrainWorker(RecordingWorker):

@@ -740,6 +740,14 @@ class TestBatchLimit:
         limit.record(64, 16.0)  # 0.25 s a task: four fit in one second
         assert limit.value == 4
 
+    def test_the_nearest_number_of_tasks_fits(self) -> None:
+        limit = BatchLimit(100, 0.1)
+        limit.value = 2
+        limit.record(2, 0.101)  # 50.5 ms a task: about two in 0.1 s
+        assert limit.value == 2
+        limit.record(2, 0.15)  # 75 ms a task: one
+        assert limit.value == 1
+
     def test_slow_tasks_go_one_by_one(self) -> None:
         limit = BatchLimit(100, 0.1)
         limit.value = 8
