@@ -25,10 +25,18 @@ Each share is the adapter's own claim statement with the key bound
 as it runs), so SKIP LOCKED, per-task locks, leases, routing and paused
 processes hold as in any claim. Processes with a fleet-wide concurrency or
 rate limit (limits.py) are claimed apart, by their limits, not by key.
+
+``key_concurrency_limit = 2`` on the worker caps each key at 2 running
+tasks across the whole fleet: each key's share is claimed in a transaction
+of its own under a lock of that key (as limits.py locks a process), which
+counts the key's running tasks and claims at most the difference; the
+shares then leave nothing to a plain-order top-up.
 """
 
 from __future__ import annotations
 
+import contextvars
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,10 +46,11 @@ from .adapters import Adapter
 from .adapters.base import FAIR_KEY
 from .adapters.fairness import FairnessQueries
 from .exceptions import ConfigurationError
+from .limits import under_lock
 from .mixins import fair_columns
 from .records import TaskRecord
 
-__all__ = ["KEYS_PER_CLAIM", "FairClaims", "check_fair_by"]
+__all__ = ["KEYS_PER_CLAIM", "FairClaims", "check_fair_by", "check_key_limit"]
 
 #: the most keys one claim serves (a turn over more keys takes more claims)
 KEYS_PER_CLAIM = 16
@@ -64,15 +73,36 @@ def check_fair_by(value: Any, owner: str, model: type, table: Table) -> str | No
     return value
 
 
+def check_key_limit(value: Any, owner: str, fair_by: str | None) -> int | None:
+    """A worker's ``key_concurrency_limit``: None, or a whole number of at
+    least 1 on a worker with ``fair_by`` (the key it limits)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"{owner}.key_concurrency_limit must be a whole number of at least 1, not {value!r}"
+        )
+    if fair_by is None:
+        raise ConfigurationError(
+            f"{owner}.key_concurrency_limit limits the tasks of each key of fair_by: set fair_by"
+        )
+    return value
+
+
 class FairClaims:
     """The claims of a worker with ``fair_by`` (see the module): the
-    manager's claim source, in place of its adapter's plain claim."""
+    manager's claim source. With ``key_limit``, each key's share is claimed
+    under a fleet-wide lock of the key, and never past ``key_limit`` running
+    tasks of that key (counted in the same transaction)."""
 
     def __init__(
         self,
         plain: Adapter,
         adapter_for: Callable[[bool], Adapter],
         queries: FairnessQueries,
+        *,
+        key_limit: int | None = None,
+        namespace: str = "",
     ) -> None:
         #: the plain claim: what the shares leave of a batch
         self.plain = plain
@@ -80,12 +110,79 @@ class FairClaims:
         self.keyed = adapter_for(False)
         self.unkeyed = adapter_for(True)
         self.queries = queries
+        self.key_limit = key_limit
+        self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: the key the last claim served last: the next turn starts after it
         self.last: Any = None
+        #: whether the calling lane's last claim took every free slot of a
+        #: key (more may wait; no wake-up says so when its tasks finish)
+        self._capped: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            f"sqla_queue_fair_capped_{id(self)}", default=False
+        )
+
+    @property
+    def capped(self) -> bool:
+        return self._capped.get()
+
+    def claim(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        self._capped.set(False)
+        if self.key_limit is None:
+            with conn.begin():
+                return self.task_claim_many(
+                    conn, limit=limit, owner=owner, lease_seconds=lease_seconds
+                )
+        with conn.begin():
+            keys = self.queries.keys(conn, after=self.last, limit=min(limit, KEYS_PER_CLAIM))
+            unkeyed = self.queries.unkeyed(conn)
+        share = max(1, limit // max(1, len(keys) + (1 if unkeyed else 0)))
+        shares: list[list[TaskRecord]] = []
+        taken = 0
+        for key in keys:
+            if taken >= limit:
+                break
+            shares.append(
+                self._limited_share(conn, key, min(share, limit - taken), owner, lease_seconds)
+            )
+            taken += len(shares[-1])
+            self.last = key
+        if unkeyed and taken < limit:  # no key, no limit
+            with conn.begin():
+                shares.append(
+                    self.unkeyed.task_claim_many(
+                        conn,
+                        limit=min(share, limit - taken),
+                        owner=owner,
+                        lease_seconds=lease_seconds,
+                    )
+                )
+        return _interleaved(shares)
+
+    def _limited_share(
+        self, conn: Connection, key: Any, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        assert self.key_limit is not None
+        bucket = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
+        with under_lock(conn, self.keyed, self.namespace, bucket):
+            free = self.key_limit - self.queries.running(conn, key)
+            if free <= 0:
+                return []  # other workers hold the key's slots
+            token = FAIR_KEY.set(key)
+            try:
+                taken = self.keyed.task_claim_many(
+                    conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
+                )
+            finally:
+                FAIR_KEY.reset(token)
+            if len(taken) == free:
+                self._capped.set(True)
+            return taken
 
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
+        """The fair claim in the caller's transaction (no key limit)."""
         keys = self.queries.keys(conn, after=self.last, limit=min(limit, KEYS_PER_CLAIM))
         unkeyed = self.queries.unkeyed(conn)
         groups = len(keys) + (1 if unkeyed else 0)

@@ -33,14 +33,16 @@ tokens. A lane whose claim the bucket cut short waits until the next token
 
 Two worker classes that declare different limits for the same process
 each keep their own: declare a process's limit in one place (a common
-base class). Limits per key (a tenant) are not built.
+base class). A limit per key (at most N running tasks of each tenant) is
+fairness.py's ``key_concurrency_limit``, under the same kind of lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -50,13 +52,38 @@ from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
 from .records import TaskRecord
 
-__all__ = ["LimitedClaims", "check_limits", "check_rates"]
+__all__ = ["LimitedClaims", "check_limits", "check_rates", "under_lock"]
 
 #: seconds a claim waits for another worker's claim of the same process
 LOCK_WAIT_SECONDS = 30.0
 #: the rates a process may be limited to, in tasks per second
 MIN_RATE = 0.001
 MAX_RATE = 1_000_000.0
+
+
+@contextlib.contextmanager
+def under_lock(conn: Connection, adapter: Adapter, namespace: int, bucket: int) -> Iterator[None]:
+    """A transaction on ``conn`` under the fleet-wide lock (``namespace``,
+    ``bucket``): a count and a claim in it see no other worker's claim of
+    the same bucket between them. Where claims run in autocommit
+    (PostgreSQL), this one does not; a lock that outlives the commit
+    (``GET_LOCK``) is freed after it."""
+    name = None
+    if adapter.claim_autocommit:
+        conn.execution_options(isolation_level="READ COMMITTED")
+    try:
+        with conn.begin():
+            name = adapter.bucket_lock(
+                conn, namespace=namespace, bucket=bucket, wait_seconds=LOCK_WAIT_SECONDS
+            )
+            yield
+    finally:
+        if name is not None:
+            adapter.bucket_unlock(conn, name)  # after the commit (GET_LOCK outlives it)
+            if conn.in_transaction():
+                conn.commit()
+        if adapter.claim_autocommit:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def check_limits(limits: Any, owner: str) -> dict[str, int]:
@@ -192,42 +219,22 @@ class LimitedClaims:
         self, conn: Connection, process: str, limit: int, owner: str, lease_seconds: float
     ) -> Sequence[TaskRecord]:
         adapter = self.adapters[process]
-        name = None
-        # the count and the claim in one transaction under the lock: where
-        # claims run in autocommit (PostgreSQL), this one does not
-        if adapter.claim_autocommit:
-            conn.execution_options(isolation_level="READ COMMITTED")
-        try:
-            with conn.begin():
-                name = adapter.bucket_lock(
-                    conn,
-                    namespace=self.namespace,
-                    bucket=zlib.crc32(process.encode()) & 0x7FFFFFFF,
-                    wait_seconds=LOCK_WAIT_SECONDS,
-                )
-                free = limit
-                if process in self.limits:
-                    free = self.limits[process] - self.queries.running(conn, process)
-                    if free <= 0:
-                        return []  # other workers hold the slots: they claim again
-                if process in self.rates:
-                    return self._claim_rated(
-                        conn, adapter, process, free, limit, owner, lease_seconds
-                    )
-                taken = adapter.task_claim_many(
-                    conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
-                )
-                # every free slot taken: more may wait, and no wake-up will say
-                # so when these finish; the lane claims again after its batch
-                self.capped = self.capped or (process in self.limits and len(taken) == free)
-                return taken
-        finally:
-            if name is not None:
-                adapter.bucket_unlock(conn, name)  # after the commit (GET_LOCK outlives it)
-                if conn.in_transaction():
-                    conn.commit()
-            if adapter.claim_autocommit:
-                conn.execution_options(isolation_level="AUTOCOMMIT")
+        bucket = zlib.crc32(process.encode()) & 0x7FFFFFFF
+        with under_lock(conn, adapter, self.namespace, bucket):
+            free = limit
+            if process in self.limits:
+                free = self.limits[process] - self.queries.running(conn, process)
+                if free <= 0:
+                    return []  # other workers hold the slots: they claim again
+            if process in self.rates:
+                return self._claim_rated(conn, adapter, process, free, limit, owner, lease_seconds)
+            taken = adapter.task_claim_many(
+                conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
+            )
+            # every free slot taken: more may wait, and no wake-up will say
+            # so when these finish; the lane claims again after its batch
+            self.capped = self.capped or (process in self.limits and len(taken) == free)
+            return taken
 
     def _claim_rated(
         self,

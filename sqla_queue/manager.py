@@ -128,11 +128,28 @@ class BatchResult:
 
 
 class ClaimSource(Protocol):
-    """What claims a batch: an adapter, or a claim built on adapters."""
+    """What claims a batch, in transactions of its own on ``conn``: an
+    adapter's claim (:class:`PlainClaims`) or a claim built on adapters'
+    (fairness.py)."""
 
-    def task_claim_many(
+    def claim(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]: ...
+
+
+class PlainClaims:
+    """An adapter's claim, in one transaction."""
+
+    def __init__(self, adapter: Adapter) -> None:
+        self.adapter = adapter
+
+    def claim(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        with conn.begin():
+            return self.adapter.task_claim_many(
+                conn, limit=limit, owner=owner, lease_seconds=lease_seconds
+            )
 
 
 class TaskManager:
@@ -165,7 +182,7 @@ class TaskManager:
         #: claims through this instead: an adapter whose claim skips paused
         #: processes (the same table and locks: pause.py), a fair claim
         #: by key (fairness.py), or both
-        self.claim_adapter: ClaimSource | None = None
+        self.claim_source: ClaimSource = PlainClaims(adapter)
         #: the claims of processes with a fleet-wide concurrency limit
         #: (limits.py), made before the others, which leave them out
         self.limited: LimitedClaims | None = None
@@ -176,20 +193,15 @@ class TaskManager:
 
     # ----------------------------------------------------------- claiming
     def claim(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
-        adapter = self.claim_adapter or self.adapter
         tasks: list[TaskRecord] = []
         if self.limited is not None:
             tasks = self.limited.claim(
                 conn, limit=limit, owner=self.owner, lease_seconds=self.lease.seconds
             )
         if len(tasks) < limit:
-            with conn.begin():
-                tasks += adapter.task_claim_many(
-                    conn,
-                    limit=limit - len(tasks),
-                    owner=self.owner,
-                    lease_seconds=self.lease.seconds,
-                )
+            tasks += self.claim_source.claim(
+                conn, limit=limit - len(tasks), owner=self.owner, lease_seconds=self.lease.seconds
+            )
         self.claims.add(task.id for task in tasks)
         if self.lease_for is not None and tasks:
             self._own_leases(conn, tasks)
@@ -205,7 +217,9 @@ class TaskManager:
     def claim_capped(self) -> bool:
         """The last claim stopped at a concurrency limit with slots of its
         own (limits.py): claim again after the batch, as after a full one."""
-        return self.limited is not None and self.limited.capped
+        return (self.limited is not None and self.limited.capped) or bool(
+            getattr(self.claim_source, "capped", False)
+        )
 
     def _own_leases(self, conn: Connection, tasks: Sequence[TaskRecord]) -> None:
         """Give the tasks whose lease differs from the worker's their own,

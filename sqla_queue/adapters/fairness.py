@@ -1,5 +1,5 @@
-"""The statement of per-key fairness (sqla_queue/fairness.py): which keys
-have ready tasks.
+"""The statements of per-key fairness (sqla_queue/fairness.py): which keys
+have ready tasks, and how many tasks of a key are running.
 
 The keys are found by skipping through ``ix_<table>_justo_<column>`` from
 one key to the next (a recursive query: the smallest key above the last
@@ -39,6 +39,13 @@ class FairnessQueries:
             )
         )
         self._after = select(keys.c.k).where(keys.c.k.is_not(None))
+        # the running rows' index (ix_processando; the status indexes on the
+        # MySQL family): its cost follows the running tasks, not the table
+        self._running = (
+            select(func.count())
+            .select_from(table)
+            .where(status_is(c.status, Status.PROCESSING), key == bindparam("key", type_=key.type))
+        )
         smallest = select(func.min(key)).where(pending).scalar_subquery()
         self._smallest = select(smallest)
         self._unkeyed = select(exists().where(pending, key.is_(None)))
@@ -66,6 +73,10 @@ class FairnessQueries:
         if limit > 1:
             found += conn.execute(self._after, {"after": first, "limit": limit - 1}).scalars()
         return found
+
+    def running(self, conn: Connection, key: Any) -> int:
+        """Tasks of ``key`` claimed and not finished, by every worker."""
+        return int(conn.execute(self._running, {"key": key}).scalar_one())
 
     def unkeyed(self, conn: Connection) -> bool:
         """Whether rows whose key is NULL are ready."""

@@ -33,14 +33,14 @@ from ..configuration_table import (
     read_rows,
 )
 from ..exceptions import ConfigurationError, WorkerDatabaseError
-from ..fairness import FairClaims, check_fair_by
+from ..fairness import FairClaims, check_fair_by, check_key_limit
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
 from ..limits import LimitedClaims, check_limits, check_rates
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
-from ..manager import ClaimSource, TaskManager
+from ..manager import ClaimSource, PlainClaims, TaskManager
 from ..mixins import channel_of
 from ..pipeline import registered_middleware
 from ..ranges import LEASE_SECONDS
@@ -150,8 +150,10 @@ class QueueApp:
             claim_filter = dataclasses.replace(claim_filter or ClaimFilter(), paused=self._limited)
             self._claim_filter = claim_filter
         self.adapter: Adapter = self._adapter_for(claim_filter)
-        #: per-key fairness (fairness.py): the column the claims take turns by
+        #: per-key fairness (fairness.py): the column the claims take turns
+        #: by, and the most running tasks of one of its keys
         self._fair_by = check_fair_by(cls.fair_by, cls.__name__, model, model.__table__)
+        self._key_limit = check_key_limit(cls.key_concurrency_limit, cls.__name__, self._fair_by)
         #: the adapter whose claims skip each set of paused processes (pause.py)
         self._paused_adapters: dict[frozenset[str], ClaimSource] = {}
         providers.check_adapter(self.adapter, self.settings)
@@ -184,7 +186,8 @@ class QueueApp:
             hooks=self.hooks,
         )
         self.manager.limited = self._limited_claims()
-        self.manager.claim_adapter = self._fair_claims(claim_filter, self.adapter)
+        self._main_source = self._claim_source(claim_filter, self.adapter)
+        self.manager.claim_source = self._main_source
         #: wakes idle lanes, one a call (the schedule routine calls it too);
         #: coroutine lanes wait on the event loop, woken from any thread
         self.wake = (AsyncLaneWakeup if self.is_async else LaneWakeup)(self.concurrency)
@@ -396,28 +399,30 @@ class QueueApp:
             self.manager.limited.paused = paused
         paused = paused | self._limited
         if paused == self._limited:
-            self.manager.claim_adapter = self._fair_claims(self._claim_filter, self.adapter)
+            self.manager.claim_source = self._main_source
             return
         source = self._paused_adapters.get(paused)
         if source is None:
             claim_filter = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=paused)
-            adapter = self._adapter_for(claim_filter)
-            source = self._fair_claims(claim_filter, adapter) or adapter
+            source = self._claim_source(claim_filter, self._adapter_for(claim_filter))
             self._paused_adapters[paused] = source
-        self.manager.claim_adapter = source
+        self.manager.claim_source = source
 
-    def _fair_claims(self, claim_filter: ClaimFilter | None, plain: Adapter) -> FairClaims | None:
-        """The fair claim (fairness.py) over ``plain``'s, for a worker with
-        ``fair_by``; None without."""
+    def _claim_source(self, claim_filter: ClaimFilter | None, plain: Adapter) -> ClaimSource:
+        """How the manager claims through ``plain``: its claim, or for a
+        worker with ``fair_by`` the fair claim over it (fairness.py)."""
         if self._fair_by is None:
-            return None
+            return PlainClaims(plain)
         base = claim_filter or ClaimFilter()
+        table = plain.table
         return FairClaims(
             plain,
             lambda null: self._adapter_for(
                 dataclasses.replace(base, fair_column=self._fair_by, fair_null=null)
             ),
-            FairnessQueries(plain.table, self._fair_by),
+            FairnessQueries(table, self._fair_by),
+            key_limit=self._key_limit,
+            namespace=f"keys:{table.schema}.{table.name}.{self._fair_by}",
         )
 
     def check_table(self, *, wait_for_database: bool = False) -> None:

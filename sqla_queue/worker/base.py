@@ -134,6 +134,9 @@ class WorkerBase(abc.ABC):
     #: ``__queue_fair_by__``; claims take turns by its value (a tenant's
     #: backlog does not starve another tenant's tasks). None: claim order
     fair_by: ClassVar[str | None] = None
+    #: with fair_by: at most this many tasks of one key running at once
+    #: across the fleet (per tenant, say); None: no limit
+    key_concurrency_limit: ClassVar[int | None] = None
     #: async workers: warn, naming the task, when a handler holds the event
     #: loop this long without awaiting (time.sleep, requests, a CPU loop)
     blocking_warning_seconds: ClassVar[float] = 0.5

@@ -37,6 +37,7 @@ class Worker(Protocol):
     _time_limit_seconds: float | None
     blocking_warning_seconds: ClassVar[float]
     fair_by: ClassVar[str | None]
+    key_concurrency_limit: ClassVar[int | None]
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]: ...

@@ -320,7 +320,10 @@ def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> No
         plan for query, plan in seen.plans if "SKIP LOCKED" in query and "worker_id=" in query
     ]
     # the claim reads the ready rows in its own order and stops after them
-    assert claims and all(f"ix_{table}_pendente" in plan for plan in claims)
+    # (a fair claim's share may read the key's own index; on these small
+    # tables the planner also takes ix_pendente with a filter on the key)
+    fair = f"ix_{table}_justo_tenant"
+    assert claims and all(f"ix_{table}_pendente" in plan or fair in plan for plan in claims)
     assert all("Sort" not in plan for plan in claims)
     assert any(f"ix_{table}_pendente_processo" in plan for plan in claims)
     assert _pg_full_scans(seen) == []

@@ -5,6 +5,7 @@ tenant's tasks, or the tasks without a tenant; the keys go round."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from sqla_queue import ConfigurationError, QueueClient, WorkerBase
 from sqla_queue.adapters.fairness import FairnessQueries
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
+from tests.acceptance.test_concurrency import spawned, worker_env
 from tests.conftest import created_engine
 from tests.support.app import App, build
+from tests.support.limits_app import LIMIT, most_at_once
 
 BACKLOG = 300
 
@@ -119,3 +122,47 @@ def test_fair_by_needs_the_models_declaration(app: App, engine: Engine) -> None:
 def test_a_bad_declaration_is_one_clear_error() -> None:
     with pytest.raises(ConfigurationError, match="'tennant' is not a column of"):
         build(f"fila_{uuid.uuid4().hex[:10]}", fair_by=("tennant",)).Base.registry.configure()
+
+
+def test_a_key_never_runs_past_its_limit_across_the_fleet(
+    fengine: Engine, fapp: App, db_url: str, tmp_path: Path
+) -> None:
+    """4 processes of 4 lanes, two tenants of 40 tasks, 40 tasks without a
+    tenant (not limited: they keep the lanes busy side by side, so that an
+    excess could be seen) and a limit of 2 running tasks per tenant: never
+    more than 2 of one tenant at once, more than 2 in all (not on SQLite:
+    one batch at a time), each once."""
+    for tenant in (1, 2, None):
+        enqueue(fengine, fapp, tenant, 40)
+    env = worker_env(
+        fapp.Task.__table__.name,
+        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
+        SQLA_QUEUE_TEST_FAIR_BY="tenant",
+    )
+    args = ("worker", "tests.support.limits_app:KeyLimitedWorker", "--url", db_url)
+    with spawned(*args, "--concurrency", "4", "--burst", env=env, count=4) as workers:
+        for process in workers:
+            assert process.wait(timeout=90) == 0, process.output
+    done = run_order(fengine, fapp)
+    assert len(done) == len(set(done)) == 120  # each once
+    for tenant in (1, 2):
+        assert 1 <= most_at_once(tmp_path, f"tenant-{tenant}") <= LIMIT
+    if fengine.dialect.name != "sqlite":
+        assert most_at_once(tmp_path, "all") > LIMIT
+
+
+def test_a_key_limit_needs_fair_by(app: App, engine: Engine) -> None:
+    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        key_concurrency_limit = 2
+
+    with pytest.raises(ConfigurationError) as error:
+        Runner(Worker(), engine=engine, settings=Settings())
+    assert str(error.value) == (
+        "Worker.key_concurrency_limit limits the tasks of each key of fair_by: set fair_by"
+    )
+
+    class Zero(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        key_concurrency_limit = 0
+
+    with pytest.raises(ConfigurationError, match="must be a whole number of at least 1, not 0"):
+        Runner(Zero(), engine=engine, settings=Settings())

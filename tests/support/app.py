@@ -116,7 +116,11 @@ def build(table: str, *, fair_by: tuple[str, ...] = ()) -> App:
     return App(Base, Task, Effect, RecordingWorker, FailingWorker, BlockingWorker, KillerWorker)
 
 
-_app = build(os.environ.get("SQLA_QUEUE_TEST_TABLE", "fila_teste"))
+_app = build(
+    os.environ.get("SQLA_QUEUE_TEST_TABLE", "fila_teste"),
+    # the columns a fair worker claims by (SQLA_QUEUE_TEST_FAIR_BY=tenant)
+    fair_by=tuple(filter(None, os.environ.get("SQLA_QUEUE_TEST_FAIR_BY", "").split(","))),
+)
 Task = _app.Task
 Effect = _app.Effect
 RecordingWorker = _app.RecordingWorker

@@ -71,6 +71,20 @@ class AsyncLimitedWorker(AsyncRecording):
         return await super().execute(payload, task, session)
 
 
+class KeyLimitedWorker(RecordingWorker):
+    """Fair by tenant, at most 2 running tasks of each tenant across the
+    fleet; counts itself per tenant and over all tenants."""
+
+    fair_by = "tenant"
+    key_concurrency_limit = LIMIT
+    batch_size = 4
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        with counted(f"tenant-{task.tenant}"), counted("all"):
+            time.sleep(HOLD_SECONDS)  # the task's work (not a wait for something)
+        return super().execute(payload, task, session)
+
+
 class DrainWorker(RecordingWorker):
     """One at a time, fast tasks, big batches: its claims always stop at the
     limit well short of the batch size."""
