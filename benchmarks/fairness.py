@@ -56,9 +56,7 @@ def run(url: str, worker: str, backlog: int) -> dict[str, float]:
     with engine.begin() as conn:
         client = QueueClient(conn, Task)
         for start in range(0, backlog, 10_000):
-            client.insert_tasks(
-                [{"process": "p", "tenant": 1}] * min(10_000, backlog - start)
-            )
+            client.insert_tasks([{"process": "p", "tenant": 1}] * min(10_000, backlog - start))
         client.insert_tasks([{"process": "p", "tenant": 2}] * 10)
     env = {**os.environ, "BENCH_FAIRNESS_TABLE": TABLE, "PYTHONPATH": str(ROOT)}
     subprocess.run(
