@@ -134,30 +134,89 @@ class FairClaims:
                     conn, limit=limit, owner=owner, lease_seconds=lease_seconds
                 )
         with conn.begin():
-            keys = self.queries.keys(conn, after=self.last, limit=min(limit, KEYS_PER_CLAIM))
-            unkeyed = self.queries.unkeyed(conn)
+            keys, unkeyed = self._turn(conn, limit)
+
+        def unkeyed_share(count: int) -> list[TaskRecord]:  # no key, no limit
+            with conn.begin():
+                return self.unkeyed.task_claim_many(
+                    conn, limit=count, owner=owner, lease_seconds=lease_seconds
+                )
+
+        shares = self._shares(
+            keys,
+            unkeyed,
+            limit,
+            lambda key, count: self._limited_share(conn, key, count, owner, lease_seconds),
+            unkeyed_share,
+        )
+        return _interleaved(shares)
+
+    def task_claim_many(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        """The fair claim in the caller's transaction (no key limit)."""
+        keys, unkeyed = self._turn(conn, limit)
+        if len(keys) + unkeyed <= 1:
+            # one key (or none): nothing to be fair between
+            return self.plain.task_claim_many(
+                conn, limit=limit, owner=owner, lease_seconds=lease_seconds
+            )
+        shares = self._shares(
+            keys,
+            unkeyed,
+            limit,
+            lambda key, count: self._keyed_claim(conn, key, count, owner, lease_seconds),
+            lambda count: self.unkeyed.task_claim_many(
+                conn, limit=count, owner=owner, lease_seconds=lease_seconds
+            ),
+        )
+        taken = sum(len(share) for share in shares)
+        if taken < limit:
+            shares.append(
+                self.plain.task_claim_many(
+                    conn, limit=limit - taken, owner=owner, lease_seconds=lease_seconds
+                )
+            )
+        return _interleaved(shares)
+
+    def _turn(self, conn: Connection, limit: int) -> tuple[list[Any], bool]:
+        """The keys this claim serves, and whether rows without a key wait."""
+        keys = self.queries.keys(conn, after=self.last, limit=min(limit, KEYS_PER_CLAIM))
+        return keys, self.queries.unkeyed(conn)
+
+    def _shares(
+        self,
+        keys: Sequence[Any],
+        unkeyed: bool,
+        limit: int,
+        key_share: Callable[[Any, int], list[TaskRecord]],
+        unkeyed_share: Callable[[int], list[TaskRecord]],
+    ) -> list[list[TaskRecord]]:
+        """An equal share of ``limit`` from each key in turn, then from the
+        rows without a key; the turn moves on past each key served."""
         share = max(1, limit // max(1, len(keys) + (1 if unkeyed else 0)))
         shares: list[list[TaskRecord]] = []
         taken = 0
         for key in keys:
             if taken >= limit:
                 break
-            shares.append(
-                self._limited_share(conn, key, min(share, limit - taken), owner, lease_seconds)
-            )
+            shares.append(key_share(key, min(share, limit - taken)))
             taken += len(shares[-1])
             self.last = key
-        if unkeyed and taken < limit:  # no key, no limit
-            with conn.begin():
-                shares.append(
-                    self.unkeyed.task_claim_many(
-                        conn,
-                        limit=min(share, limit - taken),
-                        owner=owner,
-                        lease_seconds=lease_seconds,
-                    )
-                )
-        return _interleaved(shares)
+        if unkeyed and taken < limit:
+            shares.append(unkeyed_share(min(share, limit - taken)))
+        return shares
+
+    def _keyed_claim(
+        self, conn: Connection, key: Any, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        token = FAIR_KEY.set(key)
+        try:
+            return self.keyed.task_claim_many(
+                conn, limit=limit, owner=owner, lease_seconds=lease_seconds
+            )
+        finally:
+            FAIR_KEY.reset(token)
 
     def _limited_share(
         self, conn: Connection, key: Any, limit: int, owner: str, lease_seconds: float
@@ -168,63 +227,10 @@ class FairClaims:
             free = self.key_limit - self.queries.running(conn, key)
             if free <= 0:
                 return []  # other workers hold the key's slots
-            token = FAIR_KEY.set(key)
-            try:
-                taken = self.keyed.task_claim_many(
-                    conn, limit=min(free, limit), owner=owner, lease_seconds=lease_seconds
-                )
-            finally:
-                FAIR_KEY.reset(token)
+            taken = self._keyed_claim(conn, key, min(free, limit), owner, lease_seconds)
             if len(taken) == free:
                 self._capped.set(True)
             return taken
-
-    def task_claim_many(
-        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
-    ) -> list[TaskRecord]:
-        """The fair claim in the caller's transaction (no key limit)."""
-        keys = self.queries.keys(conn, after=self.last, limit=min(limit, KEYS_PER_CLAIM))
-        unkeyed = self.queries.unkeyed(conn)
-        groups = len(keys) + (1 if unkeyed else 0)
-        if groups <= 1:
-            # one key (or none): nothing to be fair between
-            return self.plain.task_claim_many(
-                conn, limit=limit, owner=owner, lease_seconds=lease_seconds
-            )
-        share = max(1, limit // groups)
-        shares: list[list[TaskRecord]] = []
-        taken = 0
-        for key in keys:
-            if taken >= limit:
-                break
-            token = FAIR_KEY.set(key)
-            try:
-                shares.append(
-                    self.keyed.task_claim_many(
-                        conn,
-                        limit=min(share, limit - taken),
-                        owner=owner,
-                        lease_seconds=lease_seconds,
-                    )
-                )
-            finally:
-                FAIR_KEY.reset(token)
-            taken += len(shares[-1])
-            self.last = key
-        if unkeyed and taken < limit:
-            shares.append(
-                self.unkeyed.task_claim_many(
-                    conn, limit=min(share, limit - taken), owner=owner, lease_seconds=lease_seconds
-                )
-            )
-            taken += len(shares[-1])
-        if taken < limit:
-            shares.append(
-                self.plain.task_claim_many(
-                    conn, limit=limit - taken, owner=owner, lease_seconds=lease_seconds
-                )
-            )
-        return _interleaved(shares)
 
 
 def _interleaved(shares: Sequence[list[TaskRecord]]) -> list[TaskRecord]:

@@ -40,14 +40,15 @@ def _cli_error(worker: str, env: dict[str, str] | None = None) -> str:
     [
         ("Abstract", "Abstract is abstract: implement execute(self, payload, task, session)"),
         (
-            "AsyncExecute",
-            "AsyncExecute.execute is a coroutine function; async handlers are not "
-            "supported yet, define it with def",
+            "AsyncGeneratorExecute",
+            "AsyncGeneratorExecute.execute is an async generator; define it with async def "
+            "and return, or with def",
         ),
         (
             "AsyncExecuteDead",
-            "AsyncExecuteDead.execute_dead is a coroutine function; async handlers are not "
-            "supported yet, define it with def",
+            "AsyncExecuteDead.execute_dead is a coroutine function and other handlers of "
+            "AsyncExecuteDead are not: define every handler of a worker with async def, "
+            "or every one with def",
         ),
         ("MaxRetryBool", f"MaxRetryBool.max_retry {RANGE_MAX_RETRY}, not True"),
         ("IntervalNaN", f"IntervalNaN.retry_interval_minutes {RANGE_INTERVAL}, not nan"),

@@ -94,8 +94,10 @@ def test_base_requirements_have_no_database_driver() -> None:
     # cronsim: the maintenance schedules' cron strings (pure Python, no dependencies)
     # rich: sqla-queue status's tables (pure Python)
     assert by_extra[""] == {"sqlalchemy", "alembic", "requests", "click", "cronsim", "rich"}
-    assert by_extra["postgresql"] == {"psycopg"}
-    assert by_extra["mysql"] == {"pymysql"}
+    # each database's extra: its sync driver, its async driver, greenlet
+    assert by_extra["postgresql"] == {"psycopg", "greenlet"}
+    assert by_extra["mysql"] == {"pymysql", "asyncmy", "greenlet"}
+    assert by_extra["sqlite"] == {"aiosqlite", "greenlet"}
     assert by_extra["singlestore"] == {"singlestoredb", "sqlalchemy-singlestoredb"}
     # the test extra: the postgresql and mysql extras, and the SingleStore
     # dialect for the DDL tests, but not the singlestore extra

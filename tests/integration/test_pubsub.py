@@ -371,15 +371,20 @@ def test_pubsub_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match="subscriber_model must be a mapped"):
         NoSubscriberModel.check_configuration()
 
-    class Async(WorkerPubSubBase):
+    class Mixed(WorkerPubSubBase):
         model = papp.Task
         subscriber_model = papp.Subscriber
 
         @subscriber("x")
         async def x(self, *args: Any) -> None: ...
 
-    with pytest.raises(ConfigurationError, match=r"Async\.x .*coroutine"):
-        Async.check_configuration()
+        @subscriber("y")
+        def y(self, *args: Any) -> None: ...
+
+    with pytest.raises(
+        ConfigurationError, match=r"Mixed\.y is not a coroutine function and other handlers"
+    ):
+        Mixed.check_configuration()
 
     class Tenanted(WorkerPubSubBase):
         model = papp.Task

@@ -27,11 +27,11 @@ class Abstract(WorkerBase):  # execute is not implemented
     model = Task
 
 
-class AsyncExecute(WorkerBase):
+class AsyncGeneratorExecute(WorkerBase):
     model = Task
 
-    async def execute(self, payload: Any, task: Any, session: Any) -> str | None:  # type: ignore[override]
-        return None
+    async def execute(self, payload: Any, task: Any, session: Any):  # type: ignore[no-untyped-def,override]
+        yield None
 
 
 class AsyncExecuteDead(Good):
