@@ -31,6 +31,13 @@ tasks across the whole fleet: each key's share is claimed in a transaction
 of its own under a lock of that key (as limits.py locks a process), which
 counts the key's running tasks and claims at most the difference; the
 shares then leave nothing to a plain-order top-up.
+
+``key_rate_limit = 5`` caps each key at 5 claimed tasks a second across
+the fleet, under the same lock: a token bucket per key (limits.py's, one
+second's worth at most, refilled by the database's clock) in a row of the
+queue's configuration table. A lane whose keys are all out of tokens waits
+for the soonest next token, not for a wake-up. The two limits combine.
+Rows without a key are limited by neither.
 """
 
 from __future__ import annotations
@@ -45,12 +52,19 @@ from sqlalchemy import Connection, Table
 from .adapters import Adapter
 from .adapters.base import FAIR_KEY
 from .adapters.fairness import FairnessQueries
+from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
-from .limits import under_lock
+from .limits import check_rate, claim_within_rate, under_lock
 from .mixins import fair_columns
 from .records import TaskRecord
 
-__all__ = ["KEYS_PER_CLAIM", "FairClaims", "check_fair_by", "check_key_limit"]
+__all__ = [
+    "KEYS_PER_CLAIM",
+    "FairClaims",
+    "check_fair_by",
+    "check_key_limit",
+    "check_key_rate",
+]
 
 #: the most keys one claim serves (a turn over more keys takes more claims)
 KEYS_PER_CLAIM = 16
@@ -89,11 +103,25 @@ def check_key_limit(value: Any, owner: str, fair_by: str | None) -> int | None:
     return value
 
 
+def check_key_rate(value: Any, owner: str, fair_by: str | None) -> float | None:
+    """A worker's ``key_rate_limit``: None, or tasks per second (limits.py's
+    range) on a worker with ``fair_by`` (the key it limits)."""
+    if value is None:
+        return None
+    rate = check_rate(value, f"{owner}.key_rate_limit")
+    if fair_by is None:
+        raise ConfigurationError(
+            f"{owner}.key_rate_limit limits the tasks of each key of fair_by: set fair_by"
+        )
+    return rate
+
+
 class FairClaims:
     """The claims of a worker with ``fair_by`` (see the module): the
-    manager's claim source. With ``key_limit``, each key's share is claimed
-    under a fleet-wide lock of the key, and never past ``key_limit`` running
-    tasks of that key (counted in the same transaction)."""
+    manager's claim source. With ``key_limit`` or ``key_rate``, each key's
+    share is claimed under a fleet-wide lock of the key, and never past
+    ``key_limit`` running tasks of that key (counted in the same
+    transaction) or past its token bucket in ``buckets``."""
 
     def __init__(
         self,
@@ -102,8 +130,12 @@ class FairClaims:
         queries: FairnessQueries,
         *,
         key_limit: int | None = None,
+        key_rate: float | None = None,
+        buckets: RateBuckets | None = None,
         namespace: str = "",
     ) -> None:
+        if key_rate is not None and buckets is None:
+            raise ConfigurationError("a rate limit per key needs the queue's configuration table")
         #: the plain claim: what the shares leave of a batch
         self.plain = plain
         #: the claim of one key (FAIR_KEY) and of the rows without a key
@@ -111,6 +143,10 @@ class FairClaims:
         self.unkeyed = adapter_for(True)
         self.queries = queries
         self.key_limit = key_limit
+        self.key_rate = key_rate
+        self.buckets = buckets
+        self.limited = key_limit is not None or key_rate is not None
+        self.clock = LimitQueries(plain)
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: the key the last claim served last: the next turn starts after it
         self.last: Any = None
@@ -119,16 +155,26 @@ class FairClaims:
         self._capped: contextvars.ContextVar[bool] = contextvars.ContextVar(
             f"sqla_queue_fair_capped_{id(self)}", default=False
         )
+        #: seconds until the soonest next token of a key whose bucket cut
+        #: the calling lane's last claim short (None: none did)
+        self._retry_in: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+            f"sqla_queue_fair_retry_in_{id(self)}", default=None
+        )
 
     @property
     def capped(self) -> bool:
         return self._capped.get()
 
+    @property
+    def retry_in(self) -> float | None:
+        return self._retry_in.get()
+
     def claim(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
         self._capped.set(False)
-        if self.key_limit is None:
+        self._retry_in.set(None)
+        if not self.limited:
             with conn.begin():
                 return self.task_claim_many(
                     conn, limit=limit, owner=owner, lease_seconds=lease_seconds
@@ -221,16 +267,37 @@ class FairClaims:
     def _limited_share(
         self, conn: Connection, key: Any, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
-        assert self.key_limit is not None
         bucket = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
         with under_lock(conn, self.keyed, self.namespace, bucket):
-            free = self.key_limit - self.queries.running(conn, key)
-            if free <= 0:
-                return []  # other workers hold the key's slots
-            taken = self._keyed_claim(conn, key, min(free, limit), owner, lease_seconds)
-            if len(taken) == free:
-                self._capped.set(True)
-            return taken
+            slots = None
+            if self.key_limit is not None:
+                slots = self.key_limit - self.queries.running(conn, key)
+                if slots <= 0:
+                    return []  # other workers hold the key's slots
+            want = limit if slots is None else min(slots, limit)
+            wait = None
+            taken: Sequence[TaskRecord]
+            if self.key_rate is None:
+                taken = self._keyed_claim(conn, key, want, owner, lease_seconds)
+            else:
+                assert self.buckets is not None
+                column = self.queries.column
+                taken, wait = claim_within_rate(
+                    conn,
+                    self.buckets,
+                    f"key\0{column}\0{key!r}",
+                    self.key_rate,
+                    self.clock.now(conn).timestamp(),
+                    want,
+                    lambda count: self._keyed_claim(conn, key, count, owner, lease_seconds),
+                    note=f"rate limit bucket of {column} {key!r:.200} (sqla-queue)",
+                )
+            if wait is not None:  # the key's bucket stopped the claim: its next token
+                soonest = self._retry_in.get()
+                self._retry_in.set(wait if soonest is None else min(soonest, wait))
+            elif slots is not None and len(taken) == slots:
+                self._capped.set(True)  # every free slot taken: more may wait
+            return list(taken)
 
 
 def _interleaved(shares: Sequence[list[TaskRecord]]) -> list[TaskRecord]:

@@ -52,7 +52,14 @@ from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
 from .records import TaskRecord
 
-__all__ = ["LimitedClaims", "check_limits", "check_rates", "under_lock"]
+__all__ = [
+    "LimitedClaims",
+    "check_limits",
+    "check_rate",
+    "check_rates",
+    "claim_within_rate",
+    "under_lock",
+]
 
 #: seconds a claim waits for another worker's claim of the same process
 LOCK_WAIT_SECONDS = 30.0
@@ -121,17 +128,23 @@ def check_rates(rates: Any, owner: str) -> dict[str, float]:
             raise ConfigurationError(
                 f"{owner}.rate_limits: a process must be a non-empty string, not {process!r}"
             )
-        if (
-            isinstance(rate, bool)
-            or not isinstance(rate, (int, float))
-            or not MIN_RATE <= rate <= MAX_RATE
-        ):
-            raise ConfigurationError(
-                f"{owner}.rate_limits[{process!r}] must be a number of tasks per second "
-                f"from {MIN_RATE} to {MAX_RATE:g}, not {rate!r}"
-            )
-        checked[process] = float(rate)
+        checked[process] = check_rate(rate, f"{owner}.rate_limits[{process!r}]")
     return checked
+
+
+def check_rate(rate: Any, what: str) -> float:
+    """A rate in tasks per second (``what`` names it in the one-line
+    ``ConfigurationError`` of a bad one)."""
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not MIN_RATE <= rate <= MAX_RATE
+    ):
+        raise ConfigurationError(
+            f"{what} must be a number of tasks per second from {MIN_RATE} to {MAX_RATE:g}, "
+            f"not {rate!r}"
+        )
+    return float(rate)
 
 
 class LimitedClaims:
@@ -246,31 +259,57 @@ class LimitedClaims:
         owner: str,
         lease_seconds: float,
     ) -> Sequence[TaskRecord]:
-        """The token bucket's share of the claim: its tokens refilled at the
-        process's rate since it was last written (the database's clock), up
-        to one second's worth; one token a task."""
+        """The token bucket's share of the claim (:func:`claim_within_rate`)."""
         assert self.buckets is not None
-        rate = self.rates[process]
-        capacity = max(1.0, rate)
-        now = self.queries.now(conn).timestamp()
-        stored = self.buckets.read(conn, process)
-        if stored is None:
-            tokens = capacity
-        else:
-            tokens = min(capacity, stored[0] + max(0.0, now - stored[1]) * rate)
-        take = min(free, limit, int(tokens))
-        taken: Sequence[TaskRecord] = []
-        if take > 0:
-            taken = adapter.task_claim_many(
-                conn, limit=take, owner=owner, lease_seconds=lease_seconds
-            )
-        tokens -= len(taken)
-        if taken or stored is None:  # else the stored state refills the same way
-            self.buckets.write(conn, process, tokens, now, exists=stored is not None)
-        if len(taken) == take and take < min(free, limit):
-            # the bucket, not the queue, stopped this claim: more may wait
-            wait = max(0.0, (1.0 - tokens) / rate)
+        taken, wait = claim_within_rate(
+            conn,
+            self.buckets,
+            process,
+            self.rates[process],
+            self.queries.now(conn).timestamp(),
+            min(free, limit),
+            lambda count: adapter.task_claim_many(
+                conn, limit=count, owner=owner, lease_seconds=lease_seconds
+            ),
+            note=f"rate limit bucket of process {process[:200]} (sqla-queue)",
+        )
+        if wait is not None:  # the bucket, not the queue, stopped this claim: more may wait
             self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
-        elif process in self.limits and take == free and len(taken) == take:
+        elif process in self.limits and len(taken) == free:
             self.capped = True
         return taken
+
+
+def claim_within_rate(
+    conn: Connection,
+    buckets: RateBuckets,
+    subject: str,
+    rate: float,
+    now: float,
+    want: int,
+    claim: Callable[[int], Sequence[TaskRecord]],
+    *,
+    note: str,
+) -> tuple[Sequence[TaskRecord], float | None]:
+    """Claim (``claim(count)``) up to ``want`` tasks as ``subject``'s token
+    bucket allows, under the caller's lock and in its transaction: its
+    tokens refilled at ``rate`` since it was last written (``now``: the
+    database's clock, in epoch seconds), up to one second's worth; one
+    token a task. Returns the tasks and, when the bucket (not the queue)
+    stopped the claim, the seconds until its next token."""
+    capacity = max(1.0, rate)
+    stored = buckets.read(conn, subject)
+    if stored is None:
+        tokens = capacity
+    else:
+        tokens = min(capacity, stored[0] + max(0.0, now - stored[1]) * rate)
+    take = min(want, int(tokens))
+    taken: Sequence[TaskRecord] = []
+    if take > 0:
+        taken = claim(take)
+    tokens -= len(taken)
+    if taken or stored is None:  # else the stored state refills the same way
+        buckets.write(conn, subject, tokens, now, exists=stored is not None, note=note)
+    if len(taken) == take and take < want:
+        return taken, max(0.0, (1.0 - tokens) / rate)
+    return taken, None

@@ -136,9 +136,24 @@ class ClaimSource(Protocol):
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]: ...
 
+    @property
+    def capped(self) -> bool:
+        """The calling lane's last claim stopped at a limit with tasks left
+        ready: claim again after the batch, as after a full one."""
+        ...
+
+    @property
+    def retry_in(self) -> float | None:
+        """Seconds until a rate limit that cut the calling lane's last claim
+        short has a token again; None: none did."""
+        ...
+
 
 class PlainClaims:
     """An adapter's claim, in one transaction."""
+
+    capped = False  # no limit of its own
+    retry_in = None
 
     def __init__(self, adapter: Adapter) -> None:
         self.adapter = adapter
@@ -209,17 +224,20 @@ class TaskManager:
 
     @property
     def claim_retry_in(self) -> float | None:
-        """Seconds until a rate-limited process whose bucket cut the last
-        claim short has a token again (limits.py); None: none did."""
-        return None if self.limited is None else self.limited.retry_in
+        """Seconds until a rate limit (a process's: limits.py; a key's:
+        fairness.py) that cut the last claim short has a token again;
+        None: none did."""
+        waits = [self.claim_source.retry_in]
+        if self.limited is not None:
+            waits.append(self.limited.retry_in)
+        found = [wait for wait in waits if wait is not None]
+        return min(found) if found else None
 
     @property
     def claim_capped(self) -> bool:
         """The last claim stopped at a concurrency limit with slots of its
         own (limits.py): claim again after the batch, as after a full one."""
-        return (self.limited is not None and self.limited.capped) or bool(
-            getattr(self.claim_source, "capped", False)
-        )
+        return (self.limited is not None and self.limited.capped) or self.claim_source.capped
 
     def _own_leases(self, conn: Connection, tasks: Sequence[TaskRecord]) -> None:
         """Give the tasks whose lease differs from the worker's their own,

@@ -25,6 +25,7 @@ class FairnessQueries:
     """The key look-ups of one queue table's column ``column``."""
 
     def __init__(self, table: Table, column: str) -> None:
+        self.column = column
         c = table.c
         key = c[column]
         pending = status_is(c.status, Status.PENDING)

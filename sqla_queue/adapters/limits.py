@@ -44,31 +44,33 @@ class LimitQueries:
 
 
 class RateBuckets:
-    """A token bucket per rate-limited process of a queue, kept in a row of
-    the queue's configuration table (``setting_name`` ``rate:<hash of queue
-    and process>``, ``value`` ``<tokens> <as of, epoch seconds>``), read
-    with a locking read and written in the claim's transaction."""
+    """A token bucket per rate-limited subject of a queue (a process, or a
+    key of a fair worker's column: ``sqla_queue/fairness.py``), kept in a
+    row of the queue's configuration table (``setting_name`` ``rate:<hash
+    of queue and subject>``, ``value`` ``<tokens> <as of, epoch
+    seconds>``), read with a locking read and written in the claim's
+    transaction."""
 
     def __init__(self, settings: Table, queue: str, *, scoped: bool) -> None:
         self.settings = settings
         self.queue = queue
         self.scoped = scoped
 
-    def _where(self, process: str) -> list[Any]:
+    def _where(self, subject: str) -> list[Any]:
         c = self.settings.c
-        where = [c.setting_name == self.name(process)]
+        where = [c.setting_name == self.name(subject)]
         if self.scoped:
             where.append(c.queue_name == self.queue)
         return where
 
-    def name(self, process: str) -> str:
-        digest = hashlib.sha256(f"{self.queue}\0{process}".encode()).hexdigest()[:40]
+    def name(self, subject: str) -> str:
+        digest = hashlib.sha256(f"{self.queue}\0{subject}".encode()).hexdigest()[:40]
         return f"rate:{digest}"
 
-    def read(self, conn: Connection, process: str) -> tuple[float, float] | None:
-        """(tokens, as of) of ``process``'s bucket, locked; None: no row yet."""
+    def read(self, conn: Connection, subject: str) -> tuple[float, float] | None:
+        """(tokens, as of) of ``subject``'s bucket, locked; None: no row yet."""
         found = conn.execute(
-            select(self.settings.c.value).where(*self._where(process)).with_for_update()
+            select(self.settings.c.value).where(*self._where(subject)).with_for_update()
         ).first()
         if found is None:
             return None
@@ -79,18 +81,20 @@ class RateBuckets:
         return tokens, at
 
     def write(
-        self, conn: Connection, process: str, tokens: float, at: float, *, exists: bool
+        self, conn: Connection, subject: str, tokens: float, at: float, *, exists: bool, note: str
     ) -> None:
+        """Store the bucket; ``note`` (the row's note when it is made) says
+        whose bucket it is."""
         value = f"{tokens:.6f} {at:.6f}"
         if exists:
-            conn.execute(update(self.settings).where(*self._where(process)).values(value=value))
+            conn.execute(update(self.settings).where(*self._where(subject)).values(value=value))
             return
         row = {
-            "setting_name": self.name(process),
+            "setting_name": self.name(subject),
             "value": value,
             "unit": None,
             "casted_as": "TEXT",
-            "note": f"rate limit bucket of process {process[:200]} (sqla-queue)",
+            "note": note,
         }
         if self.scoped:
             row["queue_name"] = self.queue

@@ -33,7 +33,7 @@ from ..configuration_table import (
     read_rows,
 )
 from ..exceptions import ConfigurationError, WorkerDatabaseError
-from ..fairness import FairClaims, check_fair_by, check_key_limit
+from ..fairness import FairClaims, check_fair_by, check_key_limit, check_key_rate
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
 from ..leases import Claims, LeasePolicy, new_worker_id
@@ -154,6 +154,8 @@ class QueueApp:
         #: by, and the most running tasks of one of its keys
         self._fair_by = check_fair_by(cls.fair_by, cls.__name__, model, model.__table__)
         self._key_limit = check_key_limit(cls.key_concurrency_limit, cls.__name__, self._fair_by)
+        self._key_rate = check_key_rate(cls.key_rate_limit, cls.__name__, self._fair_by)
+        self._buckets: RateBuckets | None = None
         #: the adapter whose claims skip each set of paused processes (pause.py)
         self._paused_adapters: dict[frozenset[str], ClaimSource] = {}
         providers.check_adapter(self.adapter, self.settings)
@@ -370,14 +372,6 @@ class QueueApp:
             return None
         base = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=frozenset())
         table = self.adapter.table
-        buckets = None
-        if self._rates:
-            model = type(self.worker).queue_model()
-            settings = configuration_table_of(model)
-            ensure_table(self.engine, settings)  # DDL: before any claim
-            with self.engine.connect() as conn:
-                scoped = has_queue_name(conn, settings)
-            buckets = RateBuckets(settings, table.name, scoped=scoped)
         return LimitedClaims(
             self._limits,
             lambda process: self._adapter_for(
@@ -386,8 +380,20 @@ class QueueApp:
             LimitQueries(self.adapter),
             namespace=f"limits:{table.schema}.{table.name}",
             rates=self._rates,
-            buckets=buckets,
+            buckets=self._rate_buckets() if self._rates else None,
         )
+
+    def _rate_buckets(self) -> RateBuckets:
+        """The rate limits' token buckets, in the queue's configuration
+        table (made here if missing: DDL before any claim); made once."""
+        if self._buckets is None:
+            model = type(self.worker).queue_model()
+            settings = configuration_table_of(model)
+            ensure_table(self.engine, settings)
+            with self.engine.connect() as conn:
+                scoped = has_queue_name(conn, settings)
+            self._buckets = RateBuckets(settings, self.adapter.table.name, scoped=scoped)
+        return self._buckets
 
     def pause_claims(self, paused: frozenset[str]) -> None:
         """Make the manager's claims skip ``paused`` processes (none: claim
@@ -422,6 +428,8 @@ class QueueApp:
             ),
             FairnessQueries(table, self._fair_by),
             key_limit=self._key_limit,
+            key_rate=self._key_rate,
+            buckets=self._rate_buckets() if self._key_rate is not None else None,
             namespace=f"keys:{table.schema}.{table.name}.{self._fair_by}",
         )
 

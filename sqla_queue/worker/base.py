@@ -137,6 +137,9 @@ class WorkerBase(abc.ABC):
     #: with fair_by: at most this many tasks of one key running at once
     #: across the fleet (per tenant, say); None: no limit
     key_concurrency_limit: ClassVar[int | None] = None
+    #: with fair_by: at most this many tasks of one key claimed a second
+    #: across the fleet (tasks per second, per tenant, say); None: no limit
+    key_rate_limit: ClassVar[float | None] = None
     #: async workers: warn, naming the task, when a handler holds the event
     #: loop this long without awaiting (time.sleep, requests, a CPU loop)
     blocking_warning_seconds: ClassVar[float] = 0.5

@@ -38,6 +38,7 @@ class Worker(Protocol):
     blocking_warning_seconds: ClassVar[float]
     fair_by: ClassVar[str | None]
     key_concurrency_limit: ClassVar[int | None]
+    key_rate_limit: ClassVar[float | None]
 
     @classmethod
     def queue_model(cls) -> type[QueueMixin]: ...

@@ -142,9 +142,12 @@ class Runner:
         if app is not None:
             if worker is not None and worker is not app.worker:
                 raise ConfigurationError("give Runner a worker or an app, not both")
+            self._check_kind(app.worker)
         elif worker is None:
             raise ConfigurationError("give Runner a worker (or an app)")
         else:
+            # before the app: an async worker's app makes an async engine
+            self._check_kind(worker)
             app = QueueApp(
                 worker,
                 url=url,
@@ -153,14 +156,6 @@ class Runner:
                 batch_size=batch_size,
                 settings=settings,
                 clock=clock,
-            )
-        if app.is_async != self.runs_coroutines:
-            name = type(app.worker).__name__
-            raise ConfigurationError(
-                f"{name}'s handlers are coroutine functions: run it with "
-                "sqla_queue.worker.AsyncRunner, or with its run()"
-                if app.is_async
-                else f"{name}'s handlers are not coroutine functions: run it with Runner"
             )
         self.app = app
         self.worker = app.worker
@@ -194,7 +189,20 @@ class Runner:
         self.busy = [False] * self.concurrency
         self._paused: frozenset[str] = frozenset()
 
+    def _check_kind(self, worker: Worker) -> None:
+        """Refuse a worker whose handlers are of the other kind."""
+        is_async = type(worker).is_async()
+        if is_async != self.runs_coroutines:
+            name = type(worker).__name__
+            raise ConfigurationError(
+                f"{name}'s handlers are coroutine functions: run it with "
+                "sqla_queue.worker.AsyncRunner, or with its run()"
+                if is_async
+                else f"{name}'s handlers are not coroutine functions: run it with Runner"
+            )
+
     # ----------------------------------------------------------------- run
+
     def run(self) -> int:
         self.app.check_table(wait_for_database=not self.burst)
         listener = None

@@ -193,17 +193,8 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
         ),
         FairnessQueries(adapter.table, "tenant"),
     )
-    with contextlib.closing(adapter.connect_claim(engine)) as claim:
-        for _ in range(2):
-            with claim.begin() if not adapter.claim_autocommit else contextlib.nullcontext():
-                taken = fair.task_claim_many(claim, limit=8, owner="fair", lease_seconds=30)
-            assert len({task.id for task in taken}) >= 4
-            ids = [task.id for task in taken]
-            with engine.begin() as conn:
-                adapter.task_hand_back_many(conn, ids=ids, owner="fair")
-            adapter.lock_release_many(claim, ids=ids)
-            if claim.in_transaction():
-                claim.commit()
+    taken = claim_twice(engine, adapter, fair.task_claim_many, limit=8, owner="fair")
+    assert len(taken) >= 4
     # a claim while a process is paused (pause.py): its NOT IN is a filter
     paused = adapter_for(
         engine.dialect,
@@ -211,16 +202,27 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
         adapter.channel,
         claim_filter=ClaimFilter(paused=frozenset({"nenhum"})),
     )
-    with contextlib.closing(paused.connect_claim(engine)) as claim:
+    claim_twice(engine, paused, paused.task_claim_many, limit=1, owner="paused")
+
+
+def claim_twice(
+    engine: Engine, adapter: Any, claim_many: Any, *, limit: int, owner: str
+) -> set[int]:
+    """Claim with ``claim_many`` twice on a claim connection of ``adapter``'s
+    (a prepared statement's second run is the cached plan's), each time
+    handing the tasks back; the ids of the last claim."""
+    ids: list[int] = []
+    with contextlib.closing(adapter.connect_claim(engine)) as claim:
         for _ in range(2):
-            with claim.begin() if not paused.claim_autocommit else contextlib.nullcontext():
-                taken = paused.task_claim_many(claim, limit=1, owner="paused", lease_seconds=30)
+            with claim.begin() if not adapter.claim_autocommit else contextlib.nullcontext():
+                taken = claim_many(claim, limit=limit, owner=owner, lease_seconds=30)
             ids = [task.id for task in taken]
             with engine.begin() as conn:
-                paused.task_hand_back_many(conn, ids=ids, owner="paused")
-            paused.lock_release_many(claim, ids=ids)
+                adapter.task_hand_back_many(conn, ids=ids, owner=owner)
+            adapter.lock_release_many(claim, ids=ids)
             if claim.in_transaction():
                 claim.commit()
+    return set(ids)
 
 
 # ------------------------------------------------------------------ PostgreSQL

@@ -21,6 +21,7 @@ from sqla_queue import WorkerBase
 from sqla_queue.exceptions import ConfigurationError
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
+from sqla_queue.worker import runner as runner_module
 from sqla_queue.worker.aio import AsyncRunner
 from tests.conftest import wait_until
 from tests.integration.test_worker import effects, enqueue, tasks
@@ -305,8 +306,12 @@ def test_the_handlers_session_answers_as_an_async_session(
 
 
 def test_each_runner_refuses_the_other_kind_of_worker(
-    engine: Engine, app: App, aapp: AsyncApp
+    engine: Engine, app: App, aapp: AsyncApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # refused before anything is built: an async worker's app would make an
+    # async engine that nothing disposes
+    built: list[object] = []
+    monkeypatch.setattr(runner_module, "QueueApp", lambda *a, **k: built.append(a))
     with pytest.raises(ConfigurationError) as error:
         Runner(aapp.Recording(), engine=engine, settings=Settings())
     assert str(error.value) == (
@@ -315,6 +320,7 @@ def test_each_runner_refuses_the_other_kind_of_worker(
     )
     with pytest.raises(ConfigurationError, match="are not coroutine functions: run it with Runner"):
         AsyncRunner(app.RecordingWorker(), engine=engine, settings=Settings())
+    assert built == []
 
 
 def test_run_chooses_the_runner(engine: Engine, app: App, aapp: AsyncApp) -> None:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, inspect, select
 
-from sqla_queue import ConfigurationError, QueueClient, WorkerBase
+from sqla_queue import ConfigurationError, QueueApp, QueueClient, WorkerBase
 from sqla_queue.adapters.fairness import FairnessQueries
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import spawned, worker_env
 from tests.conftest import created_engine
 from tests.support.app import App, build
-from tests.support.limits_app import LIMIT, most_at_once
+from tests.support.limits_app import LIMIT, RATE, most_at_once, spans
 
 BACKLOG = 300
 
@@ -165,4 +165,87 @@ def test_a_key_limit_needs_fair_by(app: App, engine: Engine) -> None:
         key_concurrency_limit = 0
 
     with pytest.raises(ConfigurationError, match="must be a whole number of at least 1, not 0"):
+        Runner(Zero(), engine=engine, settings=Settings())
+
+
+def test_a_key_is_claimed_no_faster_than_its_rate_across_the_fleet(
+    fengine: Engine, fapp: App, db_url: str, tmp_path: Path
+) -> None:
+    """4 processes of 2 lanes, two tenants of 50 tasks each and 20 without
+    a tenant, each tenant limited to 20 tasks a second (a bucket of one
+    second's worth): in no second are more than 40 of one tenant claimed
+    (the full bucket, then its refill), each tenant's last claim comes at
+    least (50 - 20) / 20 = 1.5 s after its first, and every task runs once."""
+    for tenant in (1, 2):
+        enqueue(fengine, fapp, tenant, 50)
+    enqueue(fengine, fapp, None, 20)
+    env = worker_env(
+        fapp.Task.__table__.name,
+        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
+        SQLA_QUEUE_TEST_FAIR_BY="tenant",
+    )
+    args = ("worker", "tests.support.limits_app:KeyRatedWorker", "--url", db_url)
+    with spawned(*args, "--concurrency", "2", "--burst", env=env, count=4) as workers:
+        for process in workers:
+            assert process.wait(timeout=90) == 0, process.output
+    done = run_order(fengine, fapp)
+    assert len(done) == len(set(done)) == 120  # each once
+    assert len(spans(tmp_path)) == 120
+    with fengine.connect() as conn:  # each claim's own time (started_at)
+        rows = conn.execute(select(fapp.Task.tenant, fapp.Task.started_at)).all()
+    for tenant in (1, 2):
+        claimed = sorted(at.timestamp() for key, at in rows if key == tenant)
+        assert len(claimed) == 50
+        for i, start in enumerate(claimed):
+            in_a_second = sum(1 for other in claimed[i:] if other < start + 1.0)
+            assert in_a_second <= 2 * RATE, (tenant, in_a_second, claimed)
+        assert claimed[-1] - claimed[0] >= (50 - RATE) / RATE - 0.1, (tenant, claimed)
+
+
+def test_a_key_out_of_tokens_leaves_the_claim_to_the_other_keys(fengine: Engine, fapp: App) -> None:
+    """In one process, a rate of one task per 100 s per tenant: the first
+    claim takes one task of each tenant (a bucket holds one token at
+    least) and the tasks without one; the next claim takes nothing and
+    says when the next token comes."""
+
+    class Worker(WorkerBase):
+        model = fapp.Task
+        fair_by = "tenant"
+        key_rate_limit = 0.01
+
+        def execute(self, payload: Any, task: Any, session: Any) -> None:
+            return None
+
+    enqueue(fengine, fapp, 1, 5)
+    enqueue(fengine, fapp, 2, 5)
+    enqueue(fengine, fapp, None, 2)
+    queue = QueueApp(Worker(), engine=fengine, settings=Settings())
+    with queue.adapter.connect_claim(fengine) as conn:
+        first = queue.manager.claim(conn, limit=10)
+        second = queue.manager.claim(conn, limit=10)
+        retry_in = queue.manager.claim_retry_in
+    assert sorted((t.tenant is None, t.tenant or 0) for t in first) == [
+        (False, 1),
+        (False, 2),
+        (True, 0),
+        (True, 0),
+    ]
+    assert second == []
+    assert retry_in is not None and 50 < retry_in <= 100
+
+
+def test_a_key_rate_needs_fair_by_and_a_rate(app: App, engine: Engine) -> None:
+    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        key_rate_limit = 5
+
+    with pytest.raises(ConfigurationError) as error:
+        Runner(Worker(), engine=engine, settings=Settings())
+    assert str(error.value) == (
+        "Worker.key_rate_limit limits the tasks of each key of fair_by: set fair_by"
+    )
+
+    class Zero(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        key_rate_limit = 0
+
+    with pytest.raises(ConfigurationError, match="key_rate_limit must be a number of tasks per"):
         Runner(Zero(), engine=engine, settings=Settings())

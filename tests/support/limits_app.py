@@ -137,3 +137,18 @@ class RatedWorker(RecordingWorker):
         result = super().execute(payload, task, session)
         _span(str(task.process), int(task.id), start, time.time())
         return result
+
+
+class KeyRatedWorker(RecordingWorker):
+    """Fair by tenant, at most 20 tasks of each tenant claimed a second
+    across the fleet; each run writes its span under its tenant."""
+
+    fair_by = "tenant"
+    key_rate_limit = RATE
+    batch_size = 8
+
+    def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+        start = time.time()
+        result = super().execute(payload, task, session)
+        _span(f"tenant-{task.tenant}", int(task.id), start, time.time())
+        return result
