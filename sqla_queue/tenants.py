@@ -11,8 +11,11 @@ goes to tenant 47's own database (the seed's ``multi_db_conn``). A
 
 :class:`TenantEngines` keeps one engine per tenant, at most ``max_size`` of
 them (the least recently used is disposed), and disposes them all when the
-worker stops. See ``docs/tenants.md`` for the commit order and what a crash
-between the two commits does.
+worker stops. For an async worker (``asynchronous=True``) they are async
+engines (the database's async driver) and the handler's tenant session an
+``AsyncSession`` (:meth:`TenantEngines.async_session`). See
+``docs/tenants.md`` for the commit order and what a crash between the two
+commits does.
 
 Secrets (passwords, tokens) never reach a log line, an exception text or a
 row: errors name the tenant, the endpoint and the HTTP status only, and the
@@ -21,13 +24,14 @@ URLs' ``repr`` hides the password (SQLAlchemy's ``URL`` does).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import string
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -39,7 +43,7 @@ from sqlalchemy.orm import Session
 from .exceptions import ConfigurationError, SqlaQueueError
 from .ranges import CREDENTIALS_TTL, HTTP_TIMEOUT, TENANT_ENGINES
 from .redaction import redact
-from .settings import _DRIVERS, TenantSettings, make_engine, normalize_url
+from .settings import _DRIVERS, TenantSettings, make_async_engine, make_engine, normalize_url
 
 if TYPE_CHECKING:
     import requests
@@ -389,7 +393,9 @@ class TenantEngines:
 
     The resolver is asked on every use (the credentials API's answers are
     cached): when a tenant's URL changes (a rotated password), its engine is
-    replaced."""
+    replaced. With ``asynchronous``, the engines are async engines, used
+    from the event loop through :meth:`async_engine` and
+    :meth:`async_session` and disposed by :meth:`aclose`."""
 
     def __init__(
         self,
@@ -398,12 +404,14 @@ class TenantEngines:
         max_size: int = 32,
         pool_size: int = 1,
         max_overflow: int = 4,
+        asynchronous: bool = False,
     ) -> None:
         self.resolver = resolver
         self.max_size = int(TENANT_ENGINES.check("max tenant engines", max_size))
         self.pool_size = pool_size
         self.max_overflow = max_overflow
-        self._engines: OrderedDict[int, tuple[str, Engine]] = OrderedDict()
+        self.asynchronous = asynchronous
+        self._engines: OrderedDict[int, tuple[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -411,35 +419,54 @@ class TenantEngines:
         return len(self._engines)
 
     def engine(self, tenant: int | None) -> Engine:
-        if tenant is None:
-            raise TenantError("the task has no tenant: a multi-database worker needs one")
-        tenant = _tenant_number(tenant)
-        url = self.resolver.database_url(tenant)  # may call the API: outside the lock
-        key = url.render_as_string(hide_password=False)
-        stale: list[Engine] = []
-        try:
-            with self._lock:
-                if self._closed:
-                    raise TenantError("the worker is stopping: its tenant engines are closed")
-                current = self._engines.get(tenant)
-                if current is not None and current[0] == key:
-                    self._engines.move_to_end(tenant)
-                    return current[1]
-                if current is not None:
-                    stale.append(current[1])
-                engine = self._create(url)
-                self._engines[tenant] = (key, engine)
-                self._engines.move_to_end(tenant)
-                while len(self._engines) > self.max_size:
-                    evicted, (_, old) = self._engines.popitem(last=False)
-                    logger.debug("tenant %s: engine evicted", evicted)
-                    stale.append(old)
-                return engine
-        finally:
-            for old in stale:  # connections in use finish, then close
-                old.dispose()
+        """The tenant's engine (a sync one: ``asynchronous`` is off)."""
+        number = _tenant_number_of(tenant)
+        engine, stale = self._cached(number, self.resolver.database_url(number))
+        for old in stale:  # connections in use finish, then close
+            old.dispose()
+        return engine  # type: ignore[no-any-return]
 
-    def _create(self, url: URL) -> Engine:
+    async def async_engine(self, tenant: int | None) -> Any:
+        """The tenant's ``AsyncEngine`` (``asynchronous`` is on). The
+        resolver, which may call the credentials API, runs in a thread."""
+        number = _tenant_number_of(tenant)
+        url = await asyncio.to_thread(self.resolver.database_url, number)
+        engine, stale = self._cached(number, url)
+        for old in stale:
+            await old.dispose()
+        return engine
+
+    def _cached(self, tenant: int, url: URL) -> tuple[Any, list[Any]]:
+        """The tenant's engine for ``url`` (made if missing or stale), and
+        the engines to dispose: replaced or evicted."""
+        key = url.render_as_string(hide_password=False)
+        stale: list[Any] = []
+        with self._lock:
+            if self._closed:
+                raise TenantError("the worker is stopping: its tenant engines are closed")
+            current = self._engines.get(tenant)
+            if current is not None and current[0] == key:
+                self._engines.move_to_end(tenant)
+                return current[1], stale
+            if current is not None:
+                stale.append(current[1])
+            engine = self._create(url)
+            self._engines[tenant] = (key, engine)
+            self._engines.move_to_end(tenant)
+            while len(self._engines) > self.max_size:
+                evicted, (_, old) = self._engines.popitem(last=False)
+                logger.debug("tenant %s: engine evicted", evicted)
+                stale.append(old)
+            return engine, stale
+
+    def _create(self, url: URL) -> Any:
+        if self.asynchronous:
+            try:
+                return make_async_engine(
+                    url, pool_size=self.pool_size, max_overflow=self.max_overflow
+                )
+            except ConfigurationError as exc:  # the task fails, not the worker
+                raise TenantError(f"the tenant database URL: {exc}") from None
         return make_engine(
             url,
             pool_size=self.pool_size,
@@ -461,11 +488,46 @@ class TenantEngines:
         finally:
             session.close()
 
+    @contextlib.asynccontextmanager
+    async def async_session(self, tenant: int | None) -> AsyncIterator[Any]:
+        """:meth:`session` for an async worker: an ``AsyncSession``."""
+        from sqlalchemy.ext.asyncio import AsyncSession
+
+        session = AsyncSession(bind=await self.async_engine(tenant), expire_on_commit=False)
+        try:
+            yield session
+        except BaseException:
+            await session.rollback()
+            raise
+        finally:
+            await session.close()
+
     def close(self) -> None:
-        """Dispose every engine; later uses fail."""
+        """Dispose every engine; later uses fail. Async engines left (the
+        loop that used them has ended without :meth:`aclose`) are dropped
+        without closing their connections, which no loop can await now."""
+        engines = self._take_all()
+        for engine in engines:
+            if self.asynchronous:
+                engine.sync_engine.dispose(close=False)
+            else:
+                engine.dispose()
+
+    async def aclose(self) -> None:
+        """Dispose every async engine, on the loop that used them; later
+        uses fail."""
+        for engine in self._take_all():
+            await engine.dispose()
+
+    def _take_all(self) -> list[Any]:
         with self._lock:
             self._closed = True
             engines = [engine for _, engine in self._engines.values()]
             self._engines.clear()
-        for engine in engines:
-            engine.dispose()
+        return engines
+
+
+def _tenant_number_of(tenant: int | None) -> int:
+    if tenant is None:
+        raise TenantError("the task has no tenant: a multi-database worker needs one")
+    return _tenant_number(tenant)

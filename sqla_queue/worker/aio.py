@@ -101,6 +101,9 @@ class AsyncRunner(Runner):
             )
         finally:
             watchdog.stop()
+            tenants = self.worker._tenant_engines
+            if tenants is not None:  # multi-database: the tenants' async engines
+                await tenants.aclose()
             await self.app.async_engine.dispose()
 
     def stop(self) -> None:

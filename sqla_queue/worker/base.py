@@ -24,7 +24,7 @@ import abc
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import Connection, Engine, Table, event
@@ -175,6 +175,9 @@ class WorkerBase(abc.ABC):
         handler: Any = self.execute_dead if task.dead else self.execute
         if self._tenant_engines is None:
             return handler(task.payload, task, session)  # type: ignore[no-any-return]
+        if type(self).is_async():
+            # the runner awaits it: the tenant session lives while it runs
+            return self._dispatch_with_tenant(handler, task, session)  # type: ignore[return-value]
         with self.tenant_session(task) as tenant_session:
             return handler(task.payload, task, session, tenant_session)  # type: ignore[no-any-return]
 
@@ -212,6 +215,28 @@ class WorkerBase(abc.ABC):
             with attempt.committing() if attempt is not None else contextlib.nullcontext():
                 tenant_session.commit()
 
+    async def _dispatch_with_tenant(self, handler: Any, task: TaskRecord, session: Any) -> Any:
+        async with self.async_tenant_session(task) as tenant_session:
+            result = handler(task.payload, task, session, tenant_session)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+    @contextlib.asynccontextmanager
+    async def async_tenant_session(self, task: TaskRecord) -> AsyncIterator[Any]:
+        """:meth:`tenant_session` for an async worker: an ``AsyncSession`` on
+        ``task.tenant``'s database (its async driver), committed when the
+        block returns (before the queue's ``sucesso``), rolled back when it
+        raises or is cancelled (a time limit), closed always."""
+        engines = self._tenant_engines
+        if engines is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} is not in multi-database mode: no tenant session"
+            )
+        async with engines.async_session(task.tenant) as tenant_session:
+            yield tenant_session
+            await tenant_session.commit()
+
     # ------------------------------------------------------- multi-database
     @classmethod
     def uses_tenants(cls, settings: Settings | None = None) -> bool:
@@ -234,11 +259,6 @@ class WorkerBase(abc.ABC):
         if not cls.uses_tenants(settings):
             cls._check_handlers(tenant_session=False)
             return None
-        if cls.is_async():
-            raise ConfigurationError(
-                f"{cls.__name__}: async handlers do not take a tenant_session "
-                "(multi-database mode is on): define the handlers with def"
-            )
         cls._check_handlers(tenant_session=True)
         resolver = cls.tenant_resolver or resolver_from_settings(settings.tenants)
         self._tenant_engines = TenantEngines(
@@ -246,6 +266,7 @@ class WorkerBase(abc.ABC):
             max_size=settings.tenants.max_engines,
             pool_size=1,
             max_overflow=concurrency,
+            asynchronous=cls.is_async(),
         )
         logger.info("%s: multi-database mode, tenants by %r", cls.__name__, resolver)
         return self._tenant_engines
@@ -403,11 +424,6 @@ class WorkerBase(abc.ABC):
                 )
         if wanted:
             BLOCKING_WARNING.check(f"{name}.blocking_warning_seconds", cls.blocking_warning_seconds)
-            if cls.uses_tenants():
-                raise ConfigurationError(
-                    f"{name}: async handlers do not take a tenant_session (multi-database "
-                    "mode); define the handlers with def"
-                )
 
     @classmethod
     def overrides(cls, method: str) -> bool:

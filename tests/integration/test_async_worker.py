@@ -245,18 +245,6 @@ def test_an_async_generator_handler_is_refused(app: App) -> None:
         Generator.check_configuration()
 
 
-def test_async_handlers_refuse_tenant_sessions(app: App) -> None:
-    class Tenants(WorkerBase):
-        model = app.Task
-        multi_database = True
-
-        async def execute(self, payload: Any, task: Any, session: Any, tenant: Any) -> None:
-            return None
-
-    with pytest.raises(ConfigurationError, match="async handlers do not take a tenant_session"):
-        Tenants.check_configuration()
-
-
 def test_an_async_worker_on_in_memory_sqlite_is_refused(app: App, aapp: AsyncApp) -> None:
     with pytest.raises(ConfigurationError, match="cannot share an in-memory SQLite database"):
         AsyncRunner(aapp.Recording(), url="sqlite://", settings=Settings())

@@ -9,6 +9,7 @@ tests; the resolver's clock is injected, so token expiry needs no waiting.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -33,6 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import (
@@ -244,6 +246,111 @@ def test_a_failing_handler_rolls_back_its_tenant_writes(tenants: Tenants, app: A
     assert rows[failing].message.startswith("RuntimeError: asked to fail")
     assert rows[fine].status == "sucesso"
     assert ledger(tenants.urls[48]) == [(fine, 48, "{'ok': 1}")]
+
+
+def once_statement(dialect: str, **values: Any) -> Any:
+    """:func:`insert_once`'s statement, for an AsyncSession to execute."""
+    if dialect == "postgresql":
+        return (
+            postgresql.insert(Ledger)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["chain_id"])
+        )
+    return (
+        insert(Ledger)
+        .values(**values)
+        .prefix_with("OR IGNORE" if dialect == "sqlite" else "IGNORE")
+    )
+
+
+def async_worker_for(app: App, resolver: Any, **attributes: Any) -> type[WorkerBase]:
+    """:func:`worker_for` with coroutine handlers: the tenant session is an
+    AsyncSession on the tenant's database."""
+
+    class AsyncTenantWorker(WorkerBase):
+        model = app.Task
+        retry_interval_minutes = 0
+        tenant_resolver = resolver
+
+        async def execute(  # type: ignore[override]
+            self, payload: Any, task: Any, session: Any, tenant_session: Any
+        ) -> str | None:
+            assert isinstance(tenant_session, AsyncSession)
+            session.add(app.Effect(task_id=task.id, chain_id=task.chain_id, note="queue"))
+            dialect = tenant_session.get_bind().dialect.name
+            await tenant_session.execute(
+                once_statement(
+                    dialect, chain_id=task.chain_id, tenant=task.tenant, note=str(payload)
+                )
+            )
+            await asyncio.sleep(0)  # another lane's handler may run meanwhile
+            if isinstance(payload, dict) and payload.get("fail"):
+                raise RuntimeError("asked to fail")
+            return f"tenant {task.tenant}"
+
+        async def execute_dead(  # type: ignore[override]
+            self, payload: Any, task: Any, session: Any, tenant_session: Any
+        ) -> str | None:
+            return "dead handled"
+
+    for name, value in attributes.items():
+        setattr(AsyncTenantWorker, name, value)
+    return AsyncTenantWorker
+
+
+def test_async_handlers_write_to_their_tenants_own_database(tenants: Tenants, app: App) -> None:
+    """An async worker's tenant session: an AsyncSession on the tenant's
+    database through its async driver; a failing handler's tenant writes
+    roll back; the tenant engines are disposed on the loop at stop."""
+    ids = [
+        enqueue(tenants.queue, app, {"n": n}, tenant=tenant)[0]
+        for n, tenant in enumerate((47, 48, 47))
+    ]
+    failing = enqueue(tenants.queue, app, {"fail": True}, tenant=48)[0]
+    worker = async_worker_for(app, UrlTemplateResolver(tenants.template), max_retry=1)
+    instance = worker()
+    assert instance.run(engine=tenants.queue, burst=True, settings=Settings(), concurrency=2) == 0
+    assert instance._tenant_engines is None  # closed at stop
+
+    rows = {t.id: t for t in tasks(tenants.queue, app)}
+    assert [(rows[i].status, rows[i].message) for i in ids] == [
+        ("sucesso", "tenant 47"),
+        ("sucesso", "tenant 48"),
+        ("sucesso", "tenant 47"),
+    ]
+    assert rows[failing].status == "falha"
+    assert sorted(ledger(tenants.urls[47])) == [
+        (ids[0], 47, "{'n': 0}"),
+        (ids[2], 47, "{'n': 2}"),
+    ]
+    assert ledger(tenants.urls[48]) == [(ids[1], 48, "{'n': 1}")]  # not the failed one's
+
+
+def test_an_async_tenant_engine_is_replaced_when_its_url_changes(sqlite_tenants: Tenants) -> None:
+    """The async engine cache: a tenant whose URL changed gets a new engine
+    and the old one is disposed on the loop; aclose disposes the rest and
+    later uses fail with one line."""
+    urls = {47: sqlite_tenants.urls[47]}
+
+    class Moving:  # a resolver whose answer the test changes
+        def database_url(self, tenant: int) -> Any:
+            return normalize_url(urls[tenant])
+
+    engines = TenantEngines(Moving(), asynchronous=True)
+
+    async def scenario() -> None:
+        first = await engines.async_engine(47)
+        async with engines.async_session(47) as session:
+            assert (await session.execute(text("SELECT 1"))).scalar() == 1
+        assert await engines.async_engine(47) is first
+        urls[47] = sqlite_tenants.urls[48]
+        second = await engines.async_engine(47)
+        assert second is not first and len(engines) == 1
+        await engines.aclose()
+        with pytest.raises(TenantError, match="its tenant engines are closed"):
+            await engines.async_engine(47)
+
+    asyncio.run(scenario())
 
 
 def test_a_rerun_after_the_tenant_commit_is_harmless_with_the_chain_id(
