@@ -3,6 +3,7 @@ one span per task in the worker, a child of the span that enqueued it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from sqla_queue import QueueApp, QueueClient, Runner, tracing
+from sqla_queue import QueueApp, QueueClient, Runner, WorkerBase, tracing
 from sqla_queue.settings import Settings
 from tests.conftest import run_cli
 from tests.support.app import App
@@ -210,3 +211,31 @@ def test_pubsub_copies_run_in_the_trace_of_their_publication(
         run = by_id[str(task_id)]
         assert run.context.trace_id == order.get_span_context().trace_id
         assert run.parent is not None and run.parent.span_id == order.get_span_context().span_id
+
+
+def test_an_async_handlers_spans_are_children_of_its_task_span(
+    engine: Engine, app: App, installed: None, spans: tuple[Any, InMemorySpanExporter]
+) -> None:
+    """The handler's coroutine runs in the lane's context: a span it starts
+    is a child of the task's span, and the trace is the enqueuer's."""
+    tracer, exporter = spans
+
+    class Notify(WorkerBase):
+        model = app.Task
+
+        async def execute(self, payload: Any, task: Any, session: Any) -> None:
+            with tracer.start_as_current_span(f"inner {task.id}"):
+                await asyncio.sleep(0)
+
+    with tracer.start_as_current_span("checkout") as checkout:
+        first = _enqueue_orm(engine, app, {"n": 1})
+    second = _enqueue_orm(engine, app, {"n": 2})
+    assert Notify().run(engine=engine, burst=True, settings=Settings(), concurrency=2) == 0
+
+    runs = {s.attributes["messaging.message.id"]: s for s in _task_spans(exporter)}
+    inner = {s.name: s for s in exporter.get_finished_spans() if s.name.startswith("inner")}
+    for task_id in (first, second):
+        run, child = runs[str(task_id)], inner[f"inner {task_id}"]
+        assert child.parent is not None and child.parent.span_id == run.context.span_id
+        assert child.context.trace_id == run.context.trace_id
+    assert runs[str(first)].context.trace_id == checkout.get_span_context().trace_id
