@@ -19,10 +19,18 @@ time: a retry due later is not run (give the test's worker
         outcome = run_until_empty(Faturar, session)
         assert (outcome.succeeded, outcome.failed, outcome.dead) == (1, 0, 0)
         assert enqueued(session, Task, process="email", payload={"order": 7})
+
+An async worker's handlers (``async def execute``) are run by the async
+twins, on the test's ``AsyncSession`` (its transaction, nothing committed):
+``await arun_until_empty(Notify, session)``, ``await awork_one(...)``,
+``await aenqueued(...)``. Each handler gets an ``AsyncSession`` on the
+test's transaction (in the task's savepoint); a time limit cancels it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +43,19 @@ from .hooks import TASK_DEAD, TASK_FAILED, TASK_RETRIED, TASK_SUCCEEDED, Hooks
 from .mixins import QueueMixin, Status
 from .records import TaskRecord
 from .settings import Settings
+from .timelimit import TimeLimitExceeded
 from .worker.app import QueueApp
 from .worker.base import WorkerBase
 
-__all__ = ["Outcome", "enqueued", "run_until_empty", "work_one"]
+__all__ = [
+    "Outcome",
+    "aenqueued",
+    "arun_until_empty",
+    "awork_one",
+    "enqueued",
+    "run_until_empty",
+    "work_one",
+]
 
 #: the most tasks one call runs: a handler that enqueues its own process
 #: forever would otherwise never return
@@ -75,6 +92,12 @@ class _Here:
     def __init__(self, worker_class: type[WorkerBase], session: Session) -> None:
         if not (isinstance(worker_class, type) and issubclass(worker_class, WorkerBase)):
             raise SqlaQueueError(f"give a WorkerBase subclass, not {worker_class!r}")
+        if worker_class.is_async() and not _awaited():
+            name = worker_class.__name__
+            raise SqlaQueueError(
+                f"{name}'s handlers are coroutine functions: run them with "
+                f"await arun_until_empty({name}, async_session) (or awork_one)"
+            )
         self.worker = worker_class()
         self.session = session
         self.conn = session.connection()
@@ -85,8 +108,11 @@ class _Here:
     def run(self, tasks: list[TaskRecord], outcome: Outcome) -> None:
         app = self.app
         app.claims.add(task.id for task in tasks)
+        handler: Any = self.worker.dispatch
+        if type(self.worker).is_async():
+            handler = self._run_async
         try:
-            events = app.manager.run_here(self.conn, tasks, self.worker.dispatch)
+            events = app.manager.run_here(self.conn, tasks, handler)
         finally:
             app.claims.discard(task.id for task in tasks)
         for task, event in zip(tasks, events, strict=True):
@@ -94,8 +120,37 @@ class _Here:
         # the ORM objects the test holds must show what was written
         self.session.expire_all()
 
+    def _run_async(self, task: TaskRecord, session: Session) -> Any:
+        """An async handler, awaited from the greenlet of the test's
+        ``AsyncSession.run_sync``, on an ``AsyncSession`` of its savepoint."""
+        from sqlalchemy.util import await_only
+
+        from .worker.aio import async_view
+
+        result = self.worker.dispatch(task, async_view(session))  # type: ignore[arg-type]
+        if not inspect.isawaitable(result):
+            return result
+        limit = self.worker.time_limit_for(task)
+        if limit is None:
+            return await_only(result)
+        try:
+            return await_only(asyncio.wait_for(result, limit))
+        except asyncio.TimeoutError:
+            raise TimeLimitExceeded(
+                f"the handler ran past its time limit of {limit:g} s and was cancelled"
+            ) from None
+
     def close(self) -> None:
         self.app.close()
+
+
+def _awaited() -> bool:
+    """Whether this runs in a greenlet an async caller awaits (run_sync)."""
+    try:
+        from sqlalchemy.util.concurrency import in_greenlet
+    except ImportError:  # pragma: no cover - SQLAlchemy without greenlet support
+        return False
+    return bool(in_greenlet())
 
 
 def run_until_empty(
@@ -180,3 +235,39 @@ def _holds(value: Any, wanted: Mapping[str, Any]) -> bool:
     return isinstance(value, Mapping) and all(
         key in value and value[key] == expected for key, expected in wanted.items()
     )
+
+
+async def arun_until_empty(
+    worker_class: type[WorkerBase], session: Any, *, max_tasks: int = MAX_TASKS
+) -> Outcome:
+    """:func:`run_until_empty` on an ``AsyncSession`` (an async worker's
+    handlers awaited; a sync worker's called)."""
+    return await _run_sync(  # type: ignore[no-any-return]
+        session, lambda s: run_until_empty(worker_class, s, max_tasks=max_tasks)
+    )
+
+
+async def awork_one(worker_class: type[WorkerBase], session: Any, task: Any) -> Outcome:
+    """:func:`work_one` on an ``AsyncSession``."""
+    return await _run_sync(session, lambda s: work_one(worker_class, s, task))  # type: ignore[no-any-return]
+
+
+async def aenqueued(
+    session: Any,
+    model: type[QueueMixin],
+    *,
+    process: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    status: str | None = Status.PENDING.value,
+) -> list[Any]:
+    """:func:`enqueued` on an ``AsyncSession``."""
+    return await _run_sync(  # type: ignore[no-any-return]
+        session, lambda s: enqueued(s, model, process=process, payload=payload, status=status)
+    )
+
+
+async def _run_sync(session: Any, fn: Any) -> Any:
+    run_sync = getattr(session, "run_sync", None)
+    if run_sync is None:
+        raise SqlaQueueError(f"give an AsyncSession, not {session!r}")
+    return await run_sync(fn)

@@ -53,7 +53,7 @@ from ..timelimit import GRACE_SECONDS, TimeLimitExceeded
 from .runner import Runner
 from .wakeup import AsyncLaneWakeup
 
-__all__ = ["AsyncRunner", "LoopWatchdog"]
+__all__ = ["AsyncRunner", "LoopWatchdog", "async_view"]
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -101,9 +101,7 @@ class AsyncRunner(Runner):
             )
         finally:
             watchdog.stop()
-            tenants = self.worker._tenant_engines
-            if tenants is not None:  # multi-database: the tenants' async engines
-                await tenants.aclose()
+            await self.worker.aclose_tenants()  # multi-database: on the loop that used them
             await self.app.async_engine.dispose()
 
     def stop(self) -> None:
@@ -152,8 +150,7 @@ class AsyncRunner(Runner):
         # AsyncConnection of the batch's connection, so that session.bind and
         # get_bind() answer as on any AsyncSession (SQLAlchemy keeps one
         # proxy per connection: this finds the lane's own)
-        bind = AsyncConnection._retrieve_proxy_for_target(session.bind)  # type: ignore[arg-type]
-        handler_session = AsyncSession(bind, sync_session_class=_Given(session))  # type: ignore[arg-type]
+        handler_session = async_view(session)
         limit = self.worker.time_limit_for(task)
         if limit is None:
             return await self._call(task, handler_session)
@@ -181,6 +178,14 @@ class AsyncRunner(Runner):
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def async_view(session: Session) -> AsyncSession:
+    """``session`` (a lane's batch Session, on a connection of an async
+    engine) seen through an ``AsyncSession``: the same transaction and
+    savepoint, its ``bind`` the ``AsyncConnection`` of that connection."""
+    bind = AsyncConnection._retrieve_proxy_for_target(session.bind)  # type: ignore[arg-type]
+    return AsyncSession(bind, sync_session_class=_Given(session))  # type: ignore[arg-type]
 
 
 class _Given:

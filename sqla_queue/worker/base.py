@@ -277,6 +277,13 @@ class WorkerBase(abc.ABC):
         if engines is not None:
             engines.close()
 
+    async def aclose_tenants(self) -> None:
+        """:meth:`close_tenants` for an async worker, on the loop whose
+        async engines they are (idempotent)."""
+        engines, self._tenant_engines = self._tenant_engines, None
+        if engines is not None:
+            await engines.aclose()
+
     @classmethod
     def _check_handlers(cls, *, tenant_session: bool) -> None:
         for handler in ("execute", "execute_dead"):
