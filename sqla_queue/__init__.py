@@ -31,6 +31,7 @@ from .exceptions import (
 from .maintenance.periodic import Periodic
 from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
 from .payload import JsonText
+from .payload_keys import payload_key
 from .records import TaskRecord
 from .settings import Settings, normalize_url
 from .subscribers import SubscriberMixin, SubscriptionRecord
@@ -86,6 +87,7 @@ __all__ = [
     "duplicate_of",
     "install",
     "normalize_url",
+    "payload_key",
     "subscriber",
     "uninstall",
 ]

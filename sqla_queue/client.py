@@ -28,6 +28,7 @@ from .exceptions import ConfigurationError
 from .identifiers import split_table_name
 from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
 from .payload import hash_payload, serialize_payload
+from .payload_keys import values_for
 from .records import TaskRecord
 from .rows import ENGLISH_COLUMNS
 from .stamps import fill as fill_stamps
@@ -195,13 +196,24 @@ class QueueClient:
     def _adapter(self, conn: Connection) -> Adapter:
         return adapter_of(conn.dialect, self.table)
 
+    def _task_row(
+        self, values: dict[str, Any], *, pub_sub: bool, now: dt.datetime
+    ) -> dict[str, Any]:
+        """The row of one task, with the columns the model fills from
+        payload keys (payload_keys.py)."""
+        row = _task_row(values, pub_sub=pub_sub, now=now)
+        keyed = values_for(self.table, values.get("payload"))
+        if keyed:
+            row.update(keyed)
+        return row
+
     # ------------------------------------------------------------- inserts
     def insert_task(self, *args: Any, **kwargs: Any) -> int:
         """Enqueue one task; returns its id. Parameters: ``origem, destino,
         processo, chave_externa, payload, tenant=None, grupo_empresarial=None,
         data_hora=None, prioridade=None`` (or their English names)."""
         now = utcnow()
-        row = _task_row(_normalise(args, kwargs), pub_sub=False, now=now)
+        row = self._task_row(_normalise(args, kwargs), pub_sub=False, now=now)
         fill_stamps([row])
         return self._insert_one(row, now)
 
@@ -223,7 +235,7 @@ class QueueClient:
         the subscriptions of its ``processo`` (docs/pubsub.md); no subscriber
         table is needed here, at insert time."""
         now = utcnow()
-        row = _task_row(_normalise(args, kwargs), pub_sub=True, now=now)
+        row = self._task_row(_normalise(args, kwargs), pub_sub=True, now=now)
         fill_stamps([row])
         return self._insert_one(row, now)
 
@@ -250,7 +262,7 @@ class QueueClient:
         self, tasks: Iterable[Mapping[str, Any]], *, pub_sub: bool, copy: bool
     ) -> list[int]:
         now = utcnow()
-        rows = [_task_row(_normalise((), task), pub_sub=pub_sub, now=now) for task in tasks]
+        rows = [self._task_row(_normalise((), task), pub_sub=pub_sub, now=now) for task in tasks]
         fill_stamps(rows)
         if unique.policies_of(self.table):
             # unique tasks one at a time, each admitted (and the batch's own

@@ -59,6 +59,7 @@ from . import unique
 from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
+from .payload_keys import attribute_plan, text_of
 from .stamps import current as current_stamps
 from .stamps import registered as stamps_registered
 from .types import utcnow
@@ -157,6 +158,9 @@ def prepare_task(task: QueueMixin) -> None:
     its values checked first (``validation.py``)."""
     for key, value in check_attributes(task.__dict__).items():
         setattr(task, key, value)
+    keyed = attribute_plan(type(task).__mapper__)
+    if keyed:
+        _fill_payload_keys(task, keyed)
     _prepare_payload(task, new=True)
     if task.run_at is not None and task.run_at.tzinfo is None:
         task.run_at = task.run_at.replace(tzinfo=dt.timezone.utc)  # naive means UTC
@@ -168,6 +172,18 @@ def prepare_task(task: QueueMixin) -> None:
     if stamps_registered():
         _stamp(task)
     task.__dict__[_PREPARED] = True
+
+
+def _fill_payload_keys(task: QueueMixin, plan: tuple[tuple[str, str, int], ...]) -> None:
+    """The columns filled from payload keys (payload_keys.py), where the
+    task has no value of its own."""
+    pending = pending_payload(task)
+    payload = pending.payload if pending is not None and pending.has_payload else None
+    for attribute, key, length in plan:
+        if task.__dict__.get(attribute) is None:
+            value = text_of(payload, key, length)
+            if value is not None:
+                setattr(task, attribute, value)
 
 
 def _stamp(task: QueueMixin) -> None:
@@ -304,10 +320,11 @@ def _prepare_orm_dml(state: ORMExecuteState) -> Result[Any] | None:
         )
     now = utcnow()
     parameters: Any = state.parameters
+    keyed = attribute_plan(mapper)
     if state.is_executemany:
-        rows: Any = [_prepared_row(row, now) for row in parameters]
+        rows: Any = [_prepared_row(row, now, keyed) for row in parameters]
     else:
-        rows = _prepared_row(parameters, now)
+        rows = _prepared_row(parameters, now, keyed)
     return state.invoke_statement(params=rows)
 
 
@@ -328,11 +345,17 @@ def _refuse_payload_update(state: ORMExecuteState) -> None:
         )
 
 
-def _prepared_row(row: Mapping[str, Any], now: dt.datetime) -> dict[str, Any]:
+def _prepared_row(
+    row: Mapping[str, Any], now: dt.datetime, keyed: tuple[tuple[str, str, int], ...] = ()
+) -> dict[str, Any]:
     """What a parameter set of an ORM INSERT (attribute names) lacks, as
-    :func:`prepare_task` completes an instance; merged into a copy of it."""
+    :func:`prepare_task` completes an instance; merged into a copy of it.
+    ``keyed``: the model's columns filled from payload keys."""
     extra: dict[str, Any] = check_attributes(row)
     extra[PREPARED_ROW] = True
+    for attribute, key, length in keyed:
+        if row.get(attribute) is None:
+            extra[attribute] = text_of(row.get("payload"), key, length)
     if "payload" in row:
         text = serialize_payload(row["payload"])
         extra["payload_text"] = text

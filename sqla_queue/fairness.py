@@ -1,8 +1,10 @@
 """Per-key fairness: one key's backlog does not starve another key's tasks.
 
 A worker with ``fair_by = "tenant"`` (any column the model lists in
-``__queue_fair_by__``, which makes the index the claim reads) claims in
-turns by key instead of in plain claim order (priority, time, id). Each
+``__queue_fair_by__``, which makes the index the claim reads; or
+``"payload.<key>"``, a column the model fills from that payload key:
+payload_keys.py) claims in turns by key instead of in plain claim order
+(priority, time, id). Each
 claim:
 
 1. finds up to :data:`KEYS_PER_CLAIM` keys that have ready tasks, starting
@@ -56,6 +58,7 @@ from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
 from .limits import check_rate, claim_within_rate, under_lock
 from .mixins import fair_columns
+from .payload_keys import column_of
 from .records import TaskRecord
 
 __all__ = [
@@ -68,13 +71,27 @@ __all__ = [
 
 #: the most keys one claim serves (a turn over more keys takes more claims)
 KEYS_PER_CLAIM = 16
+#: ``fair_by = "payload.<key>"``: the column filled from that payload key
+PAYLOAD_PREFIX = "payload."
 
 
 def check_fair_by(value: Any, owner: str, model: type, table: Table) -> str | None:
     """A worker's ``fair_by``: None, or a column the model lists in
-    ``__queue_fair_by__`` (whose index the fair claim reads)."""
+    ``__queue_fair_by__`` (whose index the fair claim reads), named itself
+    or, for a column filled from a payload key (payload_keys.py), as
+    ``"payload.<key>"``. Returns the column's name."""
     if value is None:
         return None
+    if isinstance(value, str) and value.startswith(PAYLOAD_PREFIX):
+        key = value[len(PAYLOAD_PREFIX) :]
+        column = column_of(table, key)
+        if column is None:
+            raise ConfigurationError(
+                f"{owner}.fair_by = {value!r}: no column of {table.name} is filled from "
+                f"payload key {key!r}: declare one, e.g. "
+                f"cliente = payload_key({key!r}), and list it in __queue_fair_by__"
+            )
+        value = column
     if not isinstance(value, str) or value not in table.c:
         raise ConfigurationError(
             f"{owner}.fair_by must be the name of a column of {table.name}, not {value!r}"

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, inspect, select
+from sqlalchemy import Engine, func, insert, inspect, select
+from sqlalchemy.orm import Session
 
-from sqla_queue import ConfigurationError, QueueApp, QueueClient, WorkerBase
+from sqla_queue import ConfigurationError, QueueApp, QueueClient, WorkerBase, payload_key
 from sqla_queue.adapters.fairness import FairnessQueries
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
@@ -249,3 +250,84 @@ def test_a_key_rate_needs_fair_by_and_a_rate(app: App, engine: Engine) -> None:
 
     with pytest.raises(ConfigurationError, match="key_rate_limit must be a number of tasks per"):
         Runner(Zero(), engine=engine, settings=Settings())
+
+
+@pytest.fixture
+def papp() -> App:
+    """A queue model whose ``cliente`` column is filled from the payload's
+    ``cliente`` key, and listed for fair claims."""
+    return build(
+        f"fila_{uuid.uuid4().hex[:10]}", fair_by=("cliente",), payload_keys={"cliente": "cliente"}
+    )
+
+
+@pytest.fixture
+def pengine(db_url: str, papp: App) -> Any:
+    with created_engine(db_url, papp.Base.metadata) as engine:
+        yield engine
+
+
+def test_fair_by_a_payload_key(pengine: Engine, papp: App, installed: None) -> None:
+    """Every enqueue path fills the column from the payload key (text; NULL
+    without it); a retry carries it; a worker with ``fair_by =
+    "payload.cliente"`` does not let one customer's backlog starve another's."""
+    task = papp.Task
+    with Session(pengine) as session, session.begin():
+        session.add_all([task(process="p", payload={"cliente": 1, "fail": "once"})])
+        session.add_all([task(process="p", payload={"cliente": 1, "n": n}) for n in range(BACKLOG)])
+        session.add(task(process="p", payload={"outro": 1}))  # no key: NULL
+        session.add(task(process="p", payload={"cliente": 9}, cliente="dado"))  # given: kept
+    with pengine.begin() as conn:
+        client = QueueClient(conn, task)
+        small = [client.insert_task(processo="p", payload={"cliente": "dois", "n": 0})]
+        small += client.insert_tasks(
+            [{"processo": "p", "payload": {"cliente": "dois", "n": n}} for n in range(1, 5)]
+        )
+    with Session(pengine) as session, session.begin():
+        session.execute(
+            insert(task),
+            [{"process": "p", "payload": {"cliente": "dois", "n": n}} for n in range(5, 10)]
+            + [{"process": "p", "payload": {"cliente": True}}],
+        )
+    with pengine.connect() as conn:
+        stored = dict(conn.execute(select(task.cliente, func.count()).group_by(task.cliente)).all())
+    assert stored == {"1": BACKLOG + 1, None: 1, "dado": 1, "dois": 10, "true": 1}
+
+    class Worker(papp.RecordingWorker):  # type: ignore[name-defined,misc]
+        fair_by = "payload.cliente"
+        batch_size = 10
+        max_retry = 2
+
+    drain(Worker, pengine)
+    order = run_order(pengine, papp)
+    with pengine.connect() as conn:
+        ids_of_two = set(conn.execute(select(task.id).where(task.cliente == "dois")).scalars())
+        retried = conn.execute(select(task.cliente).where(task.attempt == 2)).scalars().all()
+    assert ids_of_two >= set(small)
+    assert {position for position, task_id in enumerate(order) if task_id in ids_of_two} <= set(
+        range(60)
+    )
+    assert retried == ["1"]  # the retry row keeps the key
+
+
+def test_a_payload_key_is_checked(papp: App, pengine: Engine, installed: None) -> None:
+    with pytest.raises(ConfigurationError, match="payload_key\\(\\) takes the name"):
+        payload_key("")
+
+    class Unknown(papp.RecordingWorker):  # type: ignore[name-defined,misc]
+        fair_by = "payload.nada"
+
+    with pytest.raises(ConfigurationError) as error:
+        Runner(Unknown(), engine=pengine, settings=Settings())
+    assert str(error.value).startswith(
+        "Unknown.fair_by = 'payload.nada': no column of "
+    ) and "\n" not in str(error.value)
+    too_long = papp.Task(process="p", payload={"cliente": "x" * 300})
+    with (
+        pytest.raises(ValueError, match="payload key 'cliente' holds 300 characters"),
+        Session(pengine) as session,
+        session.begin(),
+    ):
+        session.add(too_long)
+    with pengine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(papp.Task)).scalar() == 0

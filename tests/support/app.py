@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Integer, String, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from sqla_queue import QueueMixin, WorkerBase
+from sqla_queue import QueueMixin, WorkerBase, payload_key
 
 
 @dataclass
@@ -42,16 +42,24 @@ def started_then_wait_for_go(task_id: int) -> None:
         time.sleep(0.01)  # the handler's own work, not a test wait
 
 
-def build(table: str, *, fair_by: tuple[str, ...] = ()) -> App:
+def build(
+    table: str, *, fair_by: tuple[str, ...] = (), payload_keys: dict[str, str] | None = None
+) -> App:
+    """``payload_keys``: columns of the queue model filled from payload keys
+    (attribute -> payload key)."""
+
     class Base(DeclarativeBase):
         pass
 
-    class Task(QueueMixin, Base):
-        __tablename__ = table
-        __queue_fair_by__ = fair_by
+    namespace: dict[str, Any] = {
+        "__tablename__": table,
+        "__queue_fair_by__": fair_by,
         # each test's own: a queue_configuration that one test fills must not
         # configure the workers of tests running beside it on a shared server
-        __queue_configuration__ = f"{table}_configuration"
+        "__queue_configuration__": f"{table}_configuration",
+        **{name: payload_key(key) for name, key in (payload_keys or {}).items()},
+    }
+    Task: Any = type("Task", (QueueMixin, Base), namespace)
 
     class Effect(Base):
         """One row per handler run: what 'exactly once' is checked against."""
