@@ -158,7 +158,7 @@ def prepare_task(task: QueueMixin) -> None:
     its values checked first (``validation.py``)."""
     for key, value in check_attributes(task.__dict__).items():
         setattr(task, key, value)
-    keyed = attribute_plan(type(task).__mapper__)
+    keyed = attribute_plan(type(task).__mapper__)  # type: ignore[attr-defined]
     if keyed:
         _fill_payload_keys(task, keyed)
     _prepare_payload(task, new=True)
