@@ -9,8 +9,10 @@ worker may exit.
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy.orm import Session
 
+from sqla_queue import QueueClient
 from tests.acceptance.test_concurrency import (
     effects,
     insert_tasks,
@@ -19,28 +21,50 @@ from tests.acceptance.test_concurrency import (
     stop_gracefully,
     worker_env,
 )
-from tests.conftest import wait_until
+from tests.conftest import WORKER_CLASSES, wait_until
 from tests.support.app import build
 from tests.support.servers import PrivatePostgres
 
 OPEN = {"agendada", "pendente", "processando"}
 
 
+@pytest.fixture(params=["sync", "async", "fair"])
+def fleet(request: pytest.FixtureRequest) -> str:
+    """The fleet's worker: sync, async, or sync with fair claims by tenant
+    and per-tenant concurrency and rate limits (tests/support/limits_app.py)."""
+    return str(request.param)
+
+
 def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
-    private_postgres: PrivatePostgres, table_name: str, workers: dict[str, str]
+    private_postgres: PrivatePostgres, table_name: str, fleet: str
 ) -> None:
-    app = build(table_name)
+    fair = fleet == "fair"
+    app = build(table_name, fair_by=("tenant",) if fair else ())
     engine = private_postgres.engine(pool_pre_ping=True)
     app.Base.metadata.create_all(engine)
-    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE="3")
+    env = worker_env(
+        table_name, SQLA_QUEUE_TEST_LEASE="3", SQLA_QUEUE_TEST_FAIR_BY="tenant" if fair else ""
+    )
+    worker = (
+        "tests.support.limits_app:FairFleetWorker" if fair else WORKER_CLASSES[fleet]["recording"]
+    )
     ids: list[int] = []
 
     def enqueue(count: int) -> None:
-        ids.extend(insert_tasks(engine, app, count))
+        if not fair:
+            ids.extend(insert_tasks(engine, app, count))
+            return
+        with engine.begin() as conn:  # four tenants, and tasks without one
+            ids.extend(
+                QueueClient(conn, app.Task).insert_tasks(
+                    {"process": "bulk", "tenant": n % 5 or None, "payload": {"n": n}}
+                    for n in range(count)
+                )
+            )
 
     with spawned(
         "worker",
-        workers["recording"],
+        worker,
         "--url",
         private_postgres.url,
         "--concurrency",

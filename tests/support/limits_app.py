@@ -152,3 +152,13 @@ class KeyRatedWorker(RecordingWorker):
         result = super().execute(payload, task, session)
         _span(f"tenant-{task.tenant}", int(task.id), start, time.time())
         return result
+
+
+class FairFleetWorker(RecordingWorker):
+    """Fair by tenant, at most 2 running tasks and 200 claimed a second per
+    tenant: the fleet fault test's worker for the fair and limited claims
+    (their locks, transactions and token buckets, through faults)."""
+
+    fair_by = "tenant"
+    key_concurrency_limit = LIMIT
+    key_rate_limit = 200.0
