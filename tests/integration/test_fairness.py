@@ -52,6 +52,18 @@ def drain(worker: type[WorkerBase], engine: Engine) -> None:
     assert Runner(worker(), engine=engine, burst=True, settings=Settings()).run() == 0
 
 
+def run_fleet(app: App, db_url: str, probe: Path, worker: str, *, lanes: int) -> None:
+    """4 burst processes of ``tests.support.limits_app``'s ``worker``,
+    ``lanes`` lanes each, fair by tenant on ``app``'s table; each exits 0."""
+    env = worker_env(
+        app.Task.__table__.name, SQLA_QUEUE_TEST_PROBE=str(probe), SQLA_QUEUE_TEST_FAIR_BY="tenant"
+    )
+    args = ("worker", f"tests.support.limits_app:{worker}", "--url", db_url)
+    with spawned(*args, "--concurrency", str(lanes), "--burst", env=env, count=4) as workers:
+        for process in workers:
+            assert process.wait(timeout=90) == 0, process.output
+
+
 @pytest.mark.parametrize("fair", [True, False])
 def test_a_big_backlog_does_not_starve_a_small_tenant(
     fengine: Engine, fapp: App, fair: bool
@@ -135,15 +147,7 @@ def test_a_key_never_runs_past_its_limit_across_the_fleet(
     one batch at a time), each once."""
     for tenant in (1, 2, None):
         enqueue(fengine, fapp, tenant, 40)
-    env = worker_env(
-        fapp.Task.__table__.name,
-        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
-        SQLA_QUEUE_TEST_FAIR_BY="tenant",
-    )
-    args = ("worker", "tests.support.limits_app:KeyLimitedWorker", "--url", db_url)
-    with spawned(*args, "--concurrency", "4", "--burst", env=env, count=4) as workers:
-        for process in workers:
-            assert process.wait(timeout=90) == 0, process.output
+    run_fleet(fapp, db_url, tmp_path, "KeyLimitedWorker", lanes=4)
     done = run_order(fengine, fapp)
     assert len(done) == len(set(done)) == 120  # each once
     for tenant in (1, 2):
@@ -152,21 +156,25 @@ def test_a_key_never_runs_past_its_limit_across_the_fleet(
         assert most_at_once(tmp_path, "all") > LIMIT
 
 
-def test_a_key_limit_needs_fair_by(app: App, engine: Engine) -> None:
-    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
-        key_concurrency_limit = 2
-
+@pytest.mark.parametrize(
+    ("attribute", "value", "message"),
+    [
+        ("key_concurrency_limit", 2, "must be a whole number of at least 1, not 0"),
+        ("key_rate_limit", 5, "key_rate_limit must be a number of tasks per second"),
+    ],
+)
+def test_a_key_limit_needs_fair_by(
+    app: App, engine: Engine, attribute: str, value: Any, message: str
+) -> None:
+    worker = type("Worker", (app.RecordingWorker,), {attribute: value})
     with pytest.raises(ConfigurationError) as error:
-        Runner(Worker(), engine=engine, settings=Settings())
+        Runner(worker(), engine=engine, settings=Settings())
     assert str(error.value) == (
-        "Worker.key_concurrency_limit limits the tasks of each key of fair_by: set fair_by"
+        f"Worker.{attribute} limits the tasks of each key of fair_by: set fair_by"
     )
-
-    class Zero(app.RecordingWorker):  # type: ignore[name-defined,misc]
-        key_concurrency_limit = 0
-
-    with pytest.raises(ConfigurationError, match="must be a whole number of at least 1, not 0"):
-        Runner(Zero(), engine=engine, settings=Settings())
+    zero = type("Zero", (app.RecordingWorker,), {attribute: 0})
+    with pytest.raises(ConfigurationError, match=message):
+        Runner(zero(), engine=engine, settings=Settings())
 
 
 def test_a_key_is_claimed_no_faster_than_its_rate_across_the_fleet(
@@ -180,15 +188,7 @@ def test_a_key_is_claimed_no_faster_than_its_rate_across_the_fleet(
     for tenant in (1, 2):
         enqueue(fengine, fapp, tenant, 50)
     enqueue(fengine, fapp, None, 20)
-    env = worker_env(
-        fapp.Task.__table__.name,
-        SQLA_QUEUE_TEST_PROBE=str(tmp_path),
-        SQLA_QUEUE_TEST_FAIR_BY="tenant",
-    )
-    args = ("worker", "tests.support.limits_app:KeyRatedWorker", "--url", db_url)
-    with spawned(*args, "--concurrency", "2", "--burst", env=env, count=4) as workers:
-        for process in workers:
-            assert process.wait(timeout=90) == 0, process.output
+    run_fleet(fapp, db_url, tmp_path, "KeyRatedWorker", lanes=2)
     done = run_order(fengine, fapp)
     assert len(done) == len(set(done)) == 120  # each once
     assert len(spans(tmp_path)) == 120
@@ -233,23 +233,6 @@ def test_a_key_out_of_tokens_leaves_the_claim_to_the_other_keys(fengine: Engine,
     ]
     assert second == []
     assert retry_in is not None and 50 < retry_in <= 100
-
-
-def test_a_key_rate_needs_fair_by_and_a_rate(app: App, engine: Engine) -> None:
-    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
-        key_rate_limit = 5
-
-    with pytest.raises(ConfigurationError) as error:
-        Runner(Worker(), engine=engine, settings=Settings())
-    assert str(error.value) == (
-        "Worker.key_rate_limit limits the tasks of each key of fair_by: set fair_by"
-    )
-
-    class Zero(app.RecordingWorker):  # type: ignore[name-defined,misc]
-        key_rate_limit = 0
-
-    with pytest.raises(ConfigurationError, match="key_rate_limit must be a number of tasks per"):
-        Runner(Zero(), engine=engine, settings=Settings())
 
 
 @pytest.fixture

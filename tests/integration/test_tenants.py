@@ -77,22 +77,24 @@ class Ledger(TenantBase):
     note: Mapped[str | None] = mapped_column(String(200))
 
 
-def insert_once(session: Session, **values: Any) -> None:
-    """INSERT keyed on chain_id, doing nothing when it is there (a re-run)."""
-    dialect = session.get_bind().dialect.name
+def once_statement(dialect: str, **values: Any) -> Any:
+    """An INSERT of a ledger row that does nothing when its chain_id is there."""
     if dialect == "postgresql":
-        stmt: Any = (
+        return (
             postgresql.insert(Ledger)
             .values(**values)
             .on_conflict_do_nothing(index_elements=["chain_id"])
         )
-    else:
-        stmt = (
-            insert(Ledger)
-            .values(**values)
-            .prefix_with("OR IGNORE" if dialect == "sqlite" else "IGNORE")
-        )
-    session.execute(stmt)
+    return (
+        insert(Ledger)
+        .values(**values)
+        .prefix_with("OR IGNORE" if dialect == "sqlite" else "IGNORE")
+    )
+
+
+def insert_once(session: Session, **values: Any) -> None:
+    """INSERT keyed on chain_id, doing nothing when it is there (a re-run)."""
+    session.execute(once_statement(session.get_bind().dialect.name, **values))
 
 
 def ledger(url: str) -> list[tuple[int, int, str | None]]:
@@ -246,21 +248,6 @@ def test_a_failing_handler_rolls_back_its_tenant_writes(tenants: Tenants, app: A
     assert rows[failing].message.startswith("RuntimeError: asked to fail")
     assert rows[fine].status == "sucesso"
     assert ledger(tenants.urls[48]) == [(fine, 48, "{'ok': 1}")]
-
-
-def once_statement(dialect: str, **values: Any) -> Any:
-    """:func:`insert_once`'s statement, for an AsyncSession to execute."""
-    if dialect == "postgresql":
-        return (
-            postgresql.insert(Ledger)
-            .values(**values)
-            .on_conflict_do_nothing(index_elements=["chain_id"])
-        )
-    return (
-        insert(Ledger)
-        .values(**values)
-        .prefix_with("OR IGNORE" if dialect == "sqlite" else "IGNORE")
-    )
 
 
 def async_worker_for(app: App, resolver: Any, **attributes: Any) -> type[WorkerBase]:
