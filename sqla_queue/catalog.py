@@ -146,6 +146,27 @@ class Flag(Kind):
         return "true or false"
 
 
+class EnvFlag:
+    """A true/false environment variable read where it is used, on every use
+    (cheaply: parsed once per value), so a change takes effect at once; a
+    value that is not a boolean is a ``ConfigurationError`` naming it."""
+
+    __slots__ = ("default", "last", "name")
+
+    def __init__(self, name: str, *, default: bool) -> None:
+        self.name = name
+        self.default = default
+        self.last: tuple[str | None, bool] = (None, default)
+
+    def __call__(self) -> bool:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        if raw != self.last[0]:
+            self.last = (raw, bool(Flag().parse(self.name, raw)))
+        return self.last[1]
+
+
 @dataclass(frozen=True)
 class Choice(Kind):
     options: tuple[str, ...]
@@ -679,6 +700,17 @@ CATALOGUE: tuple[Setting, ...] = (
         "Core INSERT, and hands the object to the session as a flushed one "
         "(docs/payload.md). `false`: the ORM's unit of work writes it.",
         env=("SQLA_QUEUE_ORM_FAST_INSERT",),
+        kind=Flag(),
+        default=True,
+        resolved=False,
+    ),
+    _s(
+        "libpq_insert",
+        _OTHER,
+        "PostgreSQL on psycopg 3: a task's INSERT (`insert_task`, the flush hook's) goes "
+        "to libpq itself where nothing can differ from psycopg's cursor (docs/payload.md). "
+        "`false`: psycopg's cursor runs it.",
+        env=("SQLA_QUEUE_LIBPQ_INSERT",),
         kind=Flag(),
         default=True,
         resolved=False,

@@ -59,7 +59,7 @@ from . import unique
 from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
-from .payload_keys import attribute_plan, text_of
+from .payload_keys import attribute_plan, missing_values
 from .stamps import current as current_stamps
 from .stamps import registered as stamps_registered
 from .types import utcnow
@@ -179,11 +179,9 @@ def _fill_payload_keys(task: QueueMixin, plan: tuple[tuple[str, str, int], ...])
     task has no value of its own."""
     pending = pending_payload(task)
     payload = pending.payload if pending is not None and pending.has_payload else None
-    for attribute, key, length in plan:
-        if task.__dict__.get(attribute) is None:
-            value = text_of(payload, key, length)
-            if value is not None:
-                setattr(task, attribute, value)
+    for attribute, value in missing_values(plan, payload, task.__dict__).items():
+        if value is not None:
+            setattr(task, attribute, value)
 
 
 def _stamp(task: QueueMixin) -> None:
@@ -353,9 +351,8 @@ def _prepared_row(
     ``keyed``: the model's columns filled from payload keys."""
     extra: dict[str, Any] = check_attributes(row)
     extra[PREPARED_ROW] = True
-    for attribute, key, length in keyed:
-        if row.get(attribute) is None:
-            extra[attribute] = text_of(row.get("payload"), key, length)
+    if keyed:
+        extra.update(missing_values(keyed, row.get("payload"), row))
     if "payload" in row:
         text = serialize_payload(row["payload"])
         extra["payload_text"] = text

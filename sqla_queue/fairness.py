@@ -56,7 +56,7 @@ from .adapters.base import FAIR_KEY
 from .adapters.fairness import FairnessQueries
 from .adapters.limits import LimitQueries, RateBuckets
 from .exceptions import ConfigurationError
-from .limits import check_rate, claim_within_rate, under_lock
+from .limits import check_rate, claim_within_rate, soonest, under_lock
 from .mixins import fair_columns
 from .payload_keys import column_of
 from .records import TaskRecord
@@ -163,7 +163,8 @@ class FairClaims:
         self.key_rate = key_rate
         self.buckets = buckets
         self.limited = key_limit is not None or key_rate is not None
-        self.clock = LimitQueries(plain)
+        #: the database's clock, for the key buckets' refill
+        self.clock = LimitQueries(plain) if key_rate is not None else None
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: the key the last claim served last: the next turn starts after it
         self.last: Any = None
@@ -297,21 +298,21 @@ class FairClaims:
             if self.key_rate is None:
                 taken = self._keyed_claim(conn, key, want, owner, lease_seconds)
             else:
-                assert self.buckets is not None
+                buckets, clock = self.buckets, self.clock
+                assert buckets is not None and clock is not None
                 column = self.queries.column
                 taken, wait = claim_within_rate(
                     conn,
-                    self.buckets,
+                    buckets,
                     f"key\0{column}\0{key!r}",
                     self.key_rate,
-                    self.clock.now(conn).timestamp(),
+                    clock.now(conn).timestamp(),
                     want,
                     lambda count: self._keyed_claim(conn, key, count, owner, lease_seconds),
                     note=f"rate limit bucket of {column} {key!r:.200} (sqla-queue)",
                 )
             if wait is not None:  # the key's bucket stopped the claim: its next token
-                soonest = self._retry_in.get()
-                self._retry_in.set(wait if soonest is None else min(soonest, wait))
+                self._retry_in.set(soonest(self._retry_in.get(), wait))
             elif slots is not None and len(taken) == slots:
                 self._capped.set(True)  # every free slot taken: more may wait
             return list(taken)

@@ -28,7 +28,6 @@ above), the order is not observable inside the transaction.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,28 +36,16 @@ from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.sql import ClauseElement
 
 from .adapters import adapter_of
+from .catalog import EnvFlag
 from .mixins import QueueMixin
 
 __all__ = ["write_new_tasks"]
 
 _eligible_mappers: dict[Mapper[Any], bool] = {}
-_ENV = "SQLA_QUEUE_ORM_FAST_INSERT"
-_flag: tuple[str | None, bool] = (None, True)
-
-
-def enabled() -> bool:
-    """``SQLA_QUEUE_ORM_FAST_INSERT`` (default true); a value that is not a
-    boolean is a ``ConfigurationError`` (the flush, and so its transaction,
-    fails with nothing written)."""
-    global _flag
-    raw = os.environ.get(_ENV)
-    if raw is None:
-        return True
-    if raw != _flag[0]:
-        from .catalog import Flag
-
-        _flag = (raw, bool(Flag().parse(_ENV, raw)))
-    return _flag[1]
+#: ``SQLA_QUEUE_ORM_FAST_INSERT`` (default true); a value that is not a
+#: boolean is a ``ConfigurationError`` (the flush, and so its transaction,
+#: fails with nothing written)
+enabled = EnvFlag("SQLA_QUEUE_ORM_FAST_INSERT", default=True)
 
 
 def _eligible(mapper: Mapper[Any]) -> bool:

@@ -274,10 +274,15 @@ class LimitedClaims:
             note=f"rate limit bucket of process {process[:200]} (sqla-queue)",
         )
         if wait is not None:  # the bucket, not the queue, stopped this claim: more may wait
-            self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
+            self.retry_in = soonest(self.retry_in, wait)
         elif process in self.limits and len(taken) == free:
             self.capped = True
         return taken
+
+
+def soonest(known: float | None, wait: float) -> float:
+    """The sooner of a lane's known wait for a token (None: none yet) and ``wait``."""
+    return wait if known is None else min(known, wait)
 
 
 def claim_within_rate(

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Mapper, mapped_column
 
 from .exceptions import ConfigurationError
 
-__all__ = ["INFO_KEY", "attribute_plan", "column_of", "payload_key", "values_for"]
+__all__ = ["INFO_KEY", "attribute_plan", "column_of", "missing_values", "payload_key", "values_for"]
 
 #: ``Column.info`` key naming the payload key a column is filled from
 INFO_KEY = "sqla_queue_payload_key"
@@ -100,10 +100,20 @@ def column_of(table: Table, key: str) -> str | None:
 def values_for(table: Table, payload: Any) -> dict[str, str | None]:
     """The payload-key columns' values (by column name) for a task of
     ``table`` with ``payload``; empty when the table has none."""
-    plan = _table_plan(table)
-    if not plan:
-        return {}
-    return {name: text_of(payload, key, length) for name, key, length in plan}
+    return missing_values(_table_plan(table), payload, {})
+
+
+def missing_values(
+    plan: tuple[tuple[str, str, int], ...], payload: Any, given: Mapping[str, Any]
+) -> dict[str, str | None]:
+    """The values from ``payload`` of the ``plan``'s columns (a
+    :func:`attribute_plan` or a table's, by the plan's names) that ``given``
+    (a task's values by the same names) leaves empty: a value given is kept."""
+    return {
+        name: text_of(payload, key, length)
+        for name, key, length in plan
+        if given.get(name) is None
+    }
 
 
 def text_of(payload: Any, key: str, length: int) -> str | None:

@@ -241,48 +241,65 @@ def statements_unobserved(conn: Connection) -> bool:
     )
 
 
-@contextlib.contextmanager
-def driver_cursor(conn: Connection, statement: str, params: Any = None) -> Iterator[Any]:
-    """A cursor of ``conn``'s DBAPI connection, with ``conn.execute``'s error
-    handling: a DBAPI error comes out as SQLAlchemy's ``DBAPIError``
+class DriverErrors:
+    """``with DriverErrors(conn, statement, params) as dbapi_connection:``
+    runs driver calls on ``conn``'s DBAPI connection with ``conn.execute``'s
+    error handling: a DBAPI error comes out as SQLAlchemy's ``DBAPIError``
     subclass, and a lost connection is invalidated, with the pool's older
     connections, as SQLAlchemy does. ``insert_task`` takes this path only
     where :func:`statements_unobserved`; ``copy_tasks`` always (SQLAlchemy
-    has no COPY), after a ``conn.execute`` that begins the transaction."""
-    dbapi_connection = conn.connection.dbapi_connection
-    assert dbapi_connection is not None
-    cursor = None
-    try:
-        cursor = dbapi_connection.cursor()
-        yield cursor
-    except conn.dialect.loaded_dbapi.Error as exc:
+    has no COPY), after a ``conn.execute`` that begins the transaction.
+    A class, not a generator: it is on every enqueue's path."""
+
+    __slots__ = ("conn", "dbapi_connection", "params", "statement")
+
+    def __init__(self, conn: Connection, statement: str, params: Any = None) -> None:
+        self.conn = conn
+        self.statement = statement
+        self.params = params
+        self.dbapi_connection: Any = None
+
+    def __enter__(self) -> Any:
+        self.dbapi_connection = self.conn.connection.dbapi_connection
+        assert self.dbapi_connection is not None
+        return self.dbapi_connection
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        if exc is None:
+            return
+        conn = self.conn
         dialect = conn.dialect
-        invalidated = dialect.is_disconnect(exc, dbapi_connection, cursor)
-        _close_quietly(cursor)
-        cursor = None
-        error: StatementError = DBAPIError.instance(
-            statement,
-            params,
-            exc,
-            dialect.loaded_dbapi.Error,
-            hide_parameters=conn.engine.hide_parameters,
-            connection_invalidated=invalidated,
-            dialect=dialect,
-        )
-        if invalidated:
-            conn.engine.pool._invalidate(conn.connection, exc)  # as conn.execute does
-            conn.invalidate(exc)
-        raise error from exc
-    except BaseException as exc:
+        if isinstance(exc, dialect.loaded_dbapi.Error):
+            invalidated = dialect.is_disconnect(exc, self.dbapi_connection, None)
+            error: StatementError = DBAPIError.instance(
+                self.statement,
+                self.params,
+                exc,
+                dialect.loaded_dbapi.Error,
+                hide_parameters=conn.engine.hide_parameters,
+                connection_invalidated=invalidated,
+                dialect=dialect,
+            )
+            if invalidated:
+                conn.engine.pool._invalidate(conn.connection, exc)  # as conn.execute does
+                conn.invalidate(exc)
+            raise error from exc
         if not isinstance(exc, (Exception, GeneratorExit)):
             # KeyboardInterrupt, SystemExit, a cancelled greenlet: the
             # protocol may be mid-message, so the connection is not reused
-            _close_quietly(cursor)
-            cursor = None
             conn.invalidate(exc)
-        raise
-    finally:
-        _close_quietly(cursor)
+
+
+@contextlib.contextmanager
+def driver_cursor(conn: Connection, statement: str, params: Any = None) -> Iterator[Any]:
+    """A cursor of ``conn``'s DBAPI connection, with :class:`DriverErrors`'
+    error handling; closed on the way out."""
+    with DriverErrors(conn, statement, params) as dbapi_connection:
+        cursor = dbapi_connection.cursor()
+        try:
+            yield cursor
+        finally:
+            _close_quietly(cursor)
 
 
 def _close_quietly(cursor: Any) -> None:
@@ -523,11 +540,20 @@ class Adapter:
         params = {**direct.defaults, **row}
         for name, process in direct.processors:
             params[name] = process(params[name])
+        with DriverErrors(conn, direct.sql, params) as dbapi_connection:
+            return int(self._run_direct_insert(dbapi_connection, direct, params))
+
+    def _run_direct_insert(
+        self, dbapi_connection: Any, direct: _DirectInsert, params: dict[str, Any]
+    ) -> Any:
+        """Run ``direct`` with ``params`` (processed) on the driver; the new id."""
         args: Any = params if direct.order is None else [params[name] for name in direct.order]
-        with driver_cursor(conn, direct.sql, args) as cursor:
+        cursor = dbapi_connection.cursor()
+        try:
             cursor.execute(direct.sql, args)
-            new_id = cursor.fetchone()[0] if direct.returning else cursor.lastrowid
-        return int(new_id)
+            return cursor.fetchone()[0] if direct.returning else cursor.lastrowid
+        finally:
+            _close_quietly(cursor)
 
     def _insert_one_core(self, conn: Connection, row: Mapping[str, Any]) -> int:
         if conn.dialect.insert_returning:

@@ -49,6 +49,7 @@ from ..exceptions import UnsupportedOperationError
 from ..mixins import Status, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
+from . import libpq
 from .base import (
     PROMOTE_CHUNK,
     Adapter,
@@ -56,12 +57,14 @@ from .base import (
     TableHealth,
     VacuumState,
     Wake,
+    _DirectInsert,
     driver_cursor,
     statements_unobserved,
 )
 from .locks import DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
+_UNKNOWN: Any = object()
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
 # what the server answers a login that will never succeed, as libpq words it
 _REFUSED_LOGIN = re.compile(
@@ -156,6 +159,8 @@ class PostgresAdapter(Adapter):
 
     def _prepare(self) -> None:
         super()._prepare()
+        #: direct INSERTs in libpq's form, by their psycopg text (libpq.py)
+        self._libpq_inserts: dict[str, libpq.Statement | None] = {}
         self._bucket_lock = text("SELECT pg_advisory_xact_lock(:ns, :bucket)")
         t = self.table
         c = t.c
@@ -344,6 +349,25 @@ class PostgresAdapter(Adapter):
                 f"INSERT INTO {self._quoted()} ({names}) SELECT * FROM unnest({casts}) RETURNING id"
             )
         return statement
+
+    def _run_direct_insert(
+        self, dbapi_connection: Any, direct: _DirectInsert, params: dict[str, Any]
+    ) -> Any:
+        """On psycopg 3, through libpq itself where it can (libpq.py)."""
+        if direct.order is None and direct.returning:
+            statement = self._libpq_inserts.get(direct.sql, _UNKNOWN)
+            if statement is _UNKNOWN:
+                statement = libpq.statement_for(
+                    direct.sql, {name: self.table.c[name].type for name in params}
+                )
+                if statement is not None and set(statement.names) != set(params):
+                    statement = None
+                self._libpq_inserts[direct.sql] = statement
+            if statement is not None:
+                new_id = libpq.insert(dbapi_connection, statement, params)
+                if new_id is not None:
+                    return new_id
+        return super()._run_direct_insert(dbapi_connection, direct, params)
 
     def task_insert_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """From COPY_THRESHOLD rows on psycopg, COPY (see task_copy_many),

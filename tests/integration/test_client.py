@@ -464,6 +464,166 @@ def test_insert_task_on_a_dead_connection_invalidates_it(engine: Engine, app: Ap
     assert _row(engine, app, task_id)["processo"] == "again"
 
 
+# ----------------------------------------- the INSERT handed to libpq
+def _cursors_opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The psycopg cursors opened from now on."""
+    import psycopg
+
+    opened: list[Any] = []
+    cursor = psycopg.Connection.cursor
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(args)
+        return cursor(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "cursor", counting)
+    return opened
+
+
+LIBPQ_VALUES: dict[str, Any] = {
+    "origin": "órigem 'quoted' %s %(x)s",
+    "destination": "",
+    "process": "processo-ç",
+    "external_key": "k" * 100,
+    "payload": {"ação": "naïve", "n": 10**20, "pct": "100%", "list": [1.5, None, True]},
+    "tenant": -(2**62),
+    "company_group": "grupo",
+    "run_at": dt.datetime(2099, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone(dt.timedelta(hours=-3))),
+    "priority": 7,
+}
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_goes_to_libpq_and_stores_what_the_cursor_stores(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = _cursors_opened(monkeypatch)
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        with conn.begin():  # idle: the BEGIN is sent with the statement
+            direct = client.insert_task(**LIBPQ_VALUES)
+        with conn.begin():
+            conn.exec_driver_sql("SELECT 1")  # in a transaction already
+            naive = client.insert_task(process="naive", run_at=dt.datetime(2099, 1, 1))
+        cursors = len(opened)  # the SELECT's
+        assert cursors == 1
+        monkeypatch.setenv("SQLA_QUEUE_LIBPQ_INSERT", "false")  # the cursor's path
+        with conn.begin():
+            through_cursor = client.insert_task(**LIBPQ_VALUES)
+        assert len(opened) == cursors + 1
+    ignore = {"id", "data_hora_inicial"}
+    stored, expected = _row(engine, app, direct), _row(engine, app, through_cursor)
+    assert {k: v for k, v in stored.items() if k not in ignore} == {
+        k: v for k, v in expected.items() if k not in ignore
+    }
+    assert stored["status"] == "agendada"
+    assert stored["data_hora"] == LIBPQ_VALUES["run_at"]
+    assert _row(engine, app, naive)["data_hora"] == dt.datetime(2099, 1, 1, tzinfo=UTC)
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_rolls_back_with_its_transaction(
+    engine: Engine, app: App, installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = _cursors_opened(monkeypatch)
+    with Session(engine) as session, session.begin():
+        session.add(app.Task(process="flushed", payload=1))
+        QueueClient(session, app.Task).insert_task(process="kept")
+    with Session(engine) as session, session.begin():
+        session.add(app.Task(process="flushed, rolled back", payload=2))
+        QueueClient(session, app.Task).insert_task(process="rolled back")
+        session.rollback()
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        conn.begin()
+        client.insert_task(process="gone")
+        conn.rollback()
+        task_id = client.insert_task(process="autobegun")
+        assert conn.in_transaction()
+        conn.rollback()
+    # the ORM's flushes and the client's inserts through libpq; the one
+    # outside a transaction through conn.execute, which autobegins
+    assert len(opened) == 1
+    assert _count(engine, app) == 2
+    with pytest.raises(Exception, match="No row was found"):
+        _row(engine, app, task_id)
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_keeps_the_engines_isolation_level(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = _cursors_opened(monkeypatch)
+    serializable = engine.execution_options(isolation_level="SERIALIZABLE")
+    with serializable.connect() as conn, conn.begin():
+        QueueClient(conn, app.Task).insert_task(process="p")
+        level = conn.exec_driver_sql("SHOW transaction_isolation").scalar_one()
+    assert level == "serializable"  # psycopg's BEGIN, not a plain one
+    assert opened  # the cursor ran the INSERT
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_server_errors_are_sqlalchemy_errors(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = app.Task.__table__.name
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"ALTER TABLE {table} ADD CONSTRAINT no_forbidden CHECK (processo <> 'forbidden')"
+        )
+    opened = _cursors_opened(monkeypatch)
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        conn.begin()
+        with pytest.raises(DBAPIError, match="no_forbidden") as info:
+            client.insert_task(process="forbidden", payload={"n": 1})
+        assert type(info.value).__name__ == "IntegrityError"
+        assert not info.value.connection_invalidated
+        assert opened == []  # libpq's error, as psycopg's
+        with pytest.raises(DBAPIError, match="current transaction is aborted"):
+            client.insert_task(process="refused")  # left to psycopg
+        conn.rollback()
+        with conn.begin():
+            task_id = client.insert_task(process="after")
+    assert len(opened) == 1
+    assert _row(engine, app, task_id)["processo"] == "after"
+    assert _count(engine, app) == 1
+
+
+@postgresql_only
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["idle", "in-transaction"])
+def test_insert_task_on_psycopg_on_a_dead_connection_invalidates_it(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch, in_transaction: bool
+) -> None:
+    with engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        conn.commit()
+        conn.begin()
+        if in_transaction:
+            conn.exec_driver_sql("SELECT 1")
+        with engine.connect() as other:
+            other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+        opened = _cursors_opened(monkeypatch)
+        with pytest.raises(DBAPIError) as info:
+            QueueClient(conn, app.Task).insert_task(process="p")
+        assert opened == []  # libpq's BEGIN or INSERT met the closed connection
+        assert info.value.connection_invalidated
+        assert conn.invalidated
+        conn.rollback()
+        with conn.begin():  # a new connection from the pool
+            task_id = QueueClient(conn, app.Task).insert_task(process="again")
+    assert _row(engine, app, task_id)["processo"] == "again"
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_leaves_a_nul_character_to_psycopg(
+    engine: Engine, app: App
+) -> None:
+    with engine.connect() as conn, pytest.raises(DBAPIError, match="NUL"):
+        QueueClient(conn, app.Task).insert_task(process="p", origin="a\x00b")
+    assert _count(engine, app) == 0
+
+
 def test_insert_task_applies_python_defaults(tmp_path: Any, table_name: str) -> None:
     class Base(DeclarativeBase):
         pass

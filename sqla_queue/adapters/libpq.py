@@ -1,0 +1,200 @@
+"""One task's INSERT handed to libpq itself, on a psycopg 3 connection.
+
+An enqueue on PostgreSQL is three statements (``BEGIN``, the INSERT,
+``COMMIT``) and, on a machine where the client's CPU bounds it, psycopg's
+cursor spends more on the INSERT than on anything of sqla-queue's: a new
+cursor, the query converted and its parameters dumped through the adapters
+map, the prepare manager's bookkeeping, the result wrapped
+(docs/benchmarks.md, "The gaps"). Here the adapter's direct INSERT
+(``Adapter.task_insert_one``: the statement SQLAlchemy compiled once, its
+bind processors already run) goes to libpq through psycopg's own wrapper
+(``psycopg.pq``, with ``Connection.wait`` and psycopg's generators, so a
+query still waits interruptibly and notifications are still dispatched):
+the parameters encoded by their column's type, the statement unnamed
+(``PQsendQueryParams``: nothing kept on the server, so nothing a pooler or a
+``DISCARD ALL`` can take away), the id read from the one row it returns.
+
+It takes a statement only where the result cannot differ from the
+cursor's; otherwise :func:`insert` returns None and the cursor runs it
+(and always with ``SQLA_QUEUE_LIBPQ_INSERT=false``):
+
+- a sync psycopg 3 connection, healthy, not in autocommit or pipeline mode,
+  in a transaction, or idle with psycopg's plain ``BEGIN`` (no isolation
+  level, read-only or deferrable setting: that ``BEGIN`` is sent here, as
+  psycopg would send it);
+- client encoding UTF8;
+- every column of the statement a string, integer, boolean, binary, date
+  or timestamp type, and every value of exactly the Python type its column
+  takes (``str`` without NUL, ``int``, ``bool``, ``bytes`` or the
+  ``psycopg.Binary`` SQLAlchemy wraps it in, ``datetime``, ``date``) or None.
+
+An error comes back as the exception psycopg raises for the same result
+(``psycopg.errors.error_from_result``), so the caller's
+``DriverErrors`` turns it into SQLAlchemy's as for the cursor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import types as sqltypes
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from ..catalog import EnvFlag
+
+try:  # psycopg 3 is the postgresql extra's driver; without it nothing is taken
+    import psycopg
+    from psycopg import generators, pq
+    from psycopg.dbapi20 import Binary as _Binary
+    from psycopg.errors import error_from_result
+except ImportError:  # pragma: no cover - the base install
+    psycopg = None  # type: ignore[assignment]
+    _Binary = None  # type: ignore[assignment,misc]
+
+__all__ = ["Statement", "insert", "statement_for"]
+
+#: ``SQLA_QUEUE_LIBPQ_INSERT`` (default true): false leaves every INSERT to psycopg
+enabled = EnvFlag("SQLA_QUEUE_LIBPQ_INSERT", default=True)
+_BIND = re.compile(r"%\((\w+)\)s|%%")
+_TEXT, _BINARY = 0, 1
+
+
+def _python_type(type_: TypeEngine[Any]) -> type | None:
+    """The Python type a column of ``type_`` is sent from here (None: not here)."""
+    while isinstance(type_, TypeDecorator):
+        type_ = type_.impl_instance
+    # Boolean before Integer, DateTime before Date: neither is the other's subclass
+    # in SQLAlchemy, but the order keeps that true whatever a dialect type adds
+    for sql_type, python in (
+        (sqltypes.Boolean, bool),
+        (sqltypes.Integer, int),
+        (sqltypes.String, str),
+        (sqltypes.LargeBinary, bytes),
+        (sqltypes.DateTime, dt.datetime),
+        (sqltypes.Date, dt.date),
+    ):
+        if isinstance(type_, sql_type):
+            return python
+    return None
+
+
+class Statement:
+    """A direct INSERT as libpq takes it: ``$n`` placeholders, and per
+    parameter its name and the Python type its column takes."""
+
+    __slots__ = ("names", "sql", "types")
+
+    def __init__(self, sql: bytes, names: tuple[str, ...], types: tuple[type, ...]) -> None:
+        self.sql = sql
+        self.names = names
+        self.types = types
+
+
+def statement_for(
+    pyformat_sql: str, column_types: Mapping[str, TypeEngine[Any]]
+) -> Statement | None:
+    """The libpq form of a statement SQLAlchemy compiled for psycopg
+    (``%(name)s`` placeholders, ``%%`` for a percent sign), given each
+    bound column's type; None when a column's type is not one sent here."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        names.append(name)
+        return f"${len(names)}"
+
+    sql = _BIND.sub(number, pyformat_sql)
+    types = []
+    for name in names:
+        python = _python_type(column_types[name]) if name in column_types else None
+        if python is None:
+            return None
+        types.append(python)
+    return Statement(sql.encode(), tuple(names), tuple(types))
+
+
+def _encoded(statement: Statement, params: Mapping[str, Any]) -> tuple[list[Any], list[int]] | None:
+    values: list[Any] = []
+    formats: list[int] = []
+    for name, python in zip(statement.names, statement.types, strict=True):
+        value: Any = params[name]
+        if value is None:
+            values.append(None)
+            formats.append(_TEXT)
+            continue
+        kind = type(value)
+        if kind is _Binary and python is bytes:  # what SQLAlchemy's LargeBinary binds
+            value = value.obj
+            kind = type(value)
+        if kind is not python:
+            return None  # a subclass (an IntEnum, a str enum...) or another type: psycopg's dumpers
+        if python is str:
+            if "\x00" in value:
+                return None  # libpq would cut it there; psycopg refuses it
+            values.append(value.encode())
+        elif python is bool:
+            values.append(b"t" if value else b"f")
+        elif python is bytes:
+            values.append(value)
+            formats.append(_BINARY)
+            continue
+        else:  # int, datetime, date: their text form is PostgreSQL's input form
+            values.append(str(value).encode() if python is int else value.isoformat().encode())
+        formats.append(_TEXT)
+    return values, formats
+
+
+def _ready(connection: Any) -> bool:
+    """Whether ``connection`` is in a transaction here (``BEGIN`` sent now if
+    psycopg would send a plain one); False: leave the statement to psycopg."""
+    if psycopg is None or type(connection) is not psycopg.Connection:
+        return False
+    pgconn = connection.pgconn
+    if (
+        connection.autocommit
+        or pgconn.status != pq.ConnStatus.OK
+        or pgconn.pipeline_status != pq.PipelineStatus.OFF
+        or pgconn.parameter_status(b"client_encoding") != b"UTF8"
+    ):
+        return False
+    status = pgconn.transaction_status
+    if status == pq.TransactionStatus.INTRANS:
+        return True
+    if status != pq.TransactionStatus.IDLE or (
+        connection.isolation_level is not None
+        or connection.read_only is not None
+        or connection.deferrable is not None
+    ):
+        return False
+    pgconn.send_query(b"BEGIN")
+    (result,) = connection.wait(generators.execute(pgconn))
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise error_from_result(result)
+    return True
+
+
+def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
+    """Run ``statement`` (an INSERT returning one id) with ``params`` on the
+    psycopg ``connection``; its id, or None when it is left to the cursor
+    (see the module)."""
+    if not enabled():
+        return None
+    encoded = _encoded(statement, params)
+    if encoded is None:
+        return None
+    values, formats = encoded
+    with connection.lock:
+        if not _ready(connection):
+            return None
+        pgconn = connection.pgconn
+        pgconn.send_query_params(statement.sql, values, None, formats)
+        results = connection.wait(generators.execute(pgconn))
+    result = results[-1]
+    if result.status != pq.ExecStatus.TUPLES_OK:
+        raise error_from_result(result)
+    return int(result.get_value(0, 0))
