@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
@@ -51,15 +52,36 @@ class RateBuckets:
     seconds>``), read with a locking read and written in the claim's
     transaction."""
 
-    def __init__(self, settings: Table, queue: str, *, scoped: bool) -> None:
+    def __init__(
+        self,
+        settings: Table,
+        queue: str,
+        *,
+        scoped: bool | None = None,
+        prepare: Callable[[], bool] | None = None,
+    ) -> None:
+        """``scoped``: whether the table has ``queue_name``; unknown (None),
+        ``prepare()`` makes the table if missing and says, before the first
+        use (:meth:`ready`)."""
         self.settings = settings
         self.queue = queue
         self.scoped = scoped
+        self._prepare = prepare
+
+    def ready(self) -> bool:
+        """Whether the table has ``queue_name``, the table made first if
+        missing (on another connection than the claim's: DDL ends a
+        MariaDB transaction)."""
+        if self.scoped is None:
+            if self._prepare is None:
+                raise RuntimeError("RateBuckets needs scoped or prepare")
+            self.scoped = self._prepare()
+        return self.scoped
 
     def _where(self, subject: str) -> list[Any]:
         c = self.settings.c
         where = [c.setting_name == self.name(subject)]
-        if self.scoped:
+        if self.ready():
             where.append(c.queue_name == self.queue)
         return where
 
@@ -96,6 +118,6 @@ class RateBuckets:
             "casted_as": "TEXT",
             "note": note,
         }
-        if self.scoped:
+        if self.ready():
             row["queue_name"] = self.queue
         conn.execute(insert(self.settings).values(**row))

@@ -385,14 +385,28 @@ class QueueApp:
 
     def _rate_buckets(self) -> RateBuckets:
         """The rate limits' token buckets, in the queue's configuration
-        table (made here if missing: DDL before any claim); made once."""
+        table (made here if missing: DDL before any claim); made once. A
+        database that cannot be reached yet (the lanes wait for it) gets
+        the table at the first claim instead."""
         if self._buckets is None:
             model = type(self.worker).queue_model()
             settings = configuration_table_of(model)
-            ensure_table(self.engine, settings)
-            with self.engine.connect() as conn:
-                scoped = has_queue_name(conn, settings)
-            self._buckets = RateBuckets(settings, self.adapter.table.name, scoped=scoped)
+
+            def prepare() -> bool:
+                ensure_table(self.engine, settings)
+                with self.engine.connect() as conn:
+                    return has_queue_name(conn, settings)
+
+            buckets = RateBuckets(settings, self.adapter.table.name, prepare=prepare)
+            try:
+                buckets.ready()
+            except DBAPIError as exc:
+                if self.adapter.classify(exc) is not ErrorKind.DISCONNECT:
+                    raise self.database_error(exc) from exc
+                logger.warning(
+                    "rate limit buckets not ready (%s): made at the first claim", _describe(exc)
+                )
+            self._buckets = buckets
         return self._buckets
 
     def pause_claims(self, paused: frozenset[str]) -> None:

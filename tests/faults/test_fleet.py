@@ -103,3 +103,43 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
     assert chains == sorted(ids)  # each chain finished once: 0 lost, none twice
     assert sorted(task_id for task_id, _, _ in done) == sorted(finished)  # one effect each
     engine.dispose()
+
+
+def test_a_rate_limited_worker_started_while_the_database_is_down_waits_for_it(
+    private_postgres: PrivatePostgres, table_name: str
+) -> None:
+    """Its token buckets' table is made at the first claim, not at start:
+    a fleet restarted with its database comes up with it."""
+    app = build(table_name, fair_by=("tenant",))
+    engine = private_postgres.engine(pool_pre_ping=True)
+    app.Base.metadata.create_all(engine)  # the configuration table is left to the worker
+    engine.dispose()
+    private_postgres.stop()
+    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE="3", SQLA_QUEUE_TEST_FAIR_BY="tenant")
+    with spawned(
+        "worker",
+        "tests.support.limits_app:FairFleetWorker",
+        "--url",
+        private_postgres.url,
+        "--concurrency",
+        "2",
+        env=env,
+    ) as (worker,):
+        wait_until(
+            lambda: "rate limit buckets not ready" in worker.output or worker.proc.poll() is not None,
+            message="the worker to find the database down",
+        )
+        private_postgres.start()
+        with engine.begin() as conn:
+            ids = QueueClient(conn, app.Task).insert_tasks(
+                {"process": "bulk", "tenant": n % 3 or None, "payload": {"n": n}}
+                for n in range(60)
+            )
+        wait_until(
+            lambda: set(statuses(engine, app).values()) == {"sucesso"},
+            timeout=60,
+            message="every task to finish",
+        )
+        stop_gracefully([worker])
+    assert sorted(task_id for task_id, _, _ in effects(engine, app)) == sorted(ids)
+    engine.dispose()
