@@ -20,8 +20,10 @@ cursor's; otherwise :func:`insert` returns None and the cursor runs it
 
 - a sync psycopg 3 connection, healthy, not in autocommit or pipeline mode,
   in a transaction, or idle with psycopg's plain ``BEGIN`` (no isolation
-  level, read-only or deferrable setting: that ``BEGIN`` is sent here, as
-  psycopg would send it);
+  level, read-only or deferrable setting). That ``BEGIN`` is sent here, as
+  psycopg would send it, in the same round trip as the INSERT (libpq's
+  pipeline mode, left before returning): one round trip of the three an
+  enqueue costs;
 - client encoding UTF8;
 - every column of the statement a string, integer, boolean, binary, date
   or timestamp type, and every value of exactly the Python type its column
@@ -58,6 +60,8 @@ __all__ = ["Statement", "insert", "statement_for"]
 
 #: ``SQLA_QUEUE_LIBPQ_INSERT`` (default true): false leaves every INSERT to psycopg
 enabled = EnvFlag("SQLA_QUEUE_LIBPQ_INSERT", default=True)
+#: whether this libpq has pipeline mode (14 and later), asked once
+_PIPELINE = [psycopg is not None and psycopg.Pipeline.is_supported()]
 _BIND = re.compile(r"%\((\w+)\)s|%%")
 _TEXT, _BINARY = 0, 1
 
@@ -149,11 +153,11 @@ def _encoded(statement: Statement, params: Mapping[str, Any]) -> tuple[list[Any]
     return values, formats
 
 
-def _ready(connection: Any) -> bool:
-    """Whether ``connection`` is in a transaction here (``BEGIN`` sent now if
-    psycopg would send a plain one); False: leave the statement to psycopg."""
+def _begin_needed(connection: Any) -> bool | None:
+    """Whether a ``BEGIN`` must precede the statement (psycopg's plain one);
+    None: leave the statement to psycopg (see the module)."""
     if psycopg is None or type(connection) is not psycopg.Connection:
-        return False
+        return None
     pgconn = connection.pgconn
     if (
         connection.autocommit
@@ -161,21 +165,40 @@ def _ready(connection: Any) -> bool:
         or pgconn.pipeline_status != pq.PipelineStatus.OFF
         or pgconn.parameter_status(b"client_encoding") != b"UTF8"
     ):
-        return False
+        return None
     status = pgconn.transaction_status
     if status == pq.TransactionStatus.INTRANS:
-        return True
+        return False
     if status != pq.TransactionStatus.IDLE or (
         connection.isolation_level is not None
         or connection.read_only is not None
         or connection.deferrable is not None
+        or not _PIPELINE[0]
     ):
-        return False
-    pgconn.send_query(b"BEGIN")
-    (result,) = connection.wait(generators.execute(pgconn))
-    if result.status != pq.ExecStatus.COMMAND_OK:
-        raise error_from_result(result)
+        return None
     return True
+
+
+def _pipelined(connection: Any, pgconn: Any, sql: bytes, values: Any, formats: Any) -> Any:
+    """``BEGIN`` and the statement in one round trip (libpq's pipeline mode);
+    the statement's result. Left in pipeline mode by a wait cut short, the
+    connection is closed: nothing may run on it half-read."""
+    pgconn.enter_pipeline_mode()
+    try:
+        pgconn.send_query_params(b"BEGIN", None)
+        pgconn.send_query_params(sql, values, None, formats)
+        pgconn.pipeline_sync()
+        (begun,) = connection.wait(generators.execute(pgconn))
+        results = connection.wait(generators.fetch_many(pgconn))
+        connection.wait(generators.fetch_many(pgconn))  # the sync point
+    finally:
+        try:
+            pgconn.exit_pipeline_mode()
+        except psycopg.Error:
+            connection.close()
+    if begun.status != pq.ExecStatus.COMMAND_OK:
+        raise error_from_result(begun)
+    return results[-1]
 
 
 def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
@@ -189,12 +212,15 @@ def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> 
         return None
     values, formats = encoded
     with connection.lock:
-        if not _ready(connection):
+        begin = _begin_needed(connection)
+        if begin is None:
             return None
         pgconn = connection.pgconn
-        pgconn.send_query_params(statement.sql, values, None, formats)
-        results = connection.wait(generators.execute(pgconn))
-    result = results[-1]
+        if begin:
+            result = _pipelined(connection, pgconn, statement.sql, values, formats)
+        else:
+            pgconn.send_query_params(statement.sql, values, None, formats)
+            result = connection.wait(generators.execute(pgconn))[-1]
     if result.status != pq.ExecStatus.TUPLES_OK:
         raise error_from_result(result)
     return int(result.get_value(0, 0))

@@ -126,9 +126,10 @@ def test_a_rate_limited_worker_started_while_the_database_is_down_waits_for_it(
         env=env,
     ) as (worker,):
         wait_until(
-            lambda: "rate limit buckets not ready" in worker.output or worker.proc.poll() is not None,
+            lambda: "buckets not ready" in worker.output or worker.proc.poll() is not None,
             message="the worker to find the database down",
         )
+        assert worker.proc.poll() is None, worker.output
         private_postgres.start()
         with engine.begin() as conn:
             ids = QueueClient(conn, app.Task).insert_tasks(
