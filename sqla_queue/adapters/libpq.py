@@ -38,8 +38,10 @@ An error comes back as the exception psycopg raises for the same result
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import re
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import types as sqltypes
@@ -89,12 +91,14 @@ class Statement:
     """A direct INSERT as libpq takes it: ``$n`` placeholders, and per
     parameter its name and the Python type its column takes."""
 
-    __slots__ = ("names", "sql", "types")
+    __slots__ = ("name", "names", "sql", "types")
 
     def __init__(self, sql: bytes, names: tuple[str, ...], types: tuple[type, ...]) -> None:
         self.sql = sql
         self.names = names
         self.types = types
+        #: its name as a prepared statement (psycopg's own are ``_pg3_<n>``)
+        self.name = b"sqlaq_" + hashlib.sha1(sql).hexdigest()[:24].encode()
 
 
 def statement_for(
@@ -179,26 +183,95 @@ def _begin_needed(connection: Any) -> bool | None:
     return True
 
 
-def _pipelined(connection: Any, pgconn: Any, sql: bytes, values: Any, formats: Any) -> Any:
-    """``BEGIN`` and the statement in one round trip (libpq's pipeline mode);
-    the statement's result. Left in pipeline mode by a wait cut short, the
-    connection is closed: nothing may run on it half-read."""
+#: per connection: the statements prepared on its server session
+_prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+#: invalid_sql_statement_name: a prepared statement the server no longer has
+_NO_SUCH_STATEMENT = b"26000"
+
+
+def _prepared_on(connection: Any) -> set[bytes] | None:
+    """The names prepared on ``connection``; None where psycopg prepares
+    nothing (``prepare_threshold=None``: a pooler that cannot keep them)."""
+    if connection.prepare_threshold is None:
+        return None
+    known = _prepared.get(connection)
+    if known is None:
+        known = _prepared[connection] = set()
+    return known
+
+
+def _round_trip(connection: Any, commands: list[Callable[[], None]]) -> list[Any]:
+    """Send ``commands`` in one round trip (libpq's pipeline mode for more
+    than one) and return each one's last result. Left in pipeline mode by a
+    wait cut short, the connection is closed: nothing may run on it half-read."""
+    pgconn = connection.pgconn
+    if len(commands) == 1:
+        commands[0]()
+        return [connection.wait(generators.execute(pgconn))[-1]]
     pgconn.enter_pipeline_mode()
     try:
-        pgconn.send_query_params(b"BEGIN", None)
-        pgconn.send_query_params(sql, values, None, formats)
+        for command in commands:
+            command()
         pgconn.pipeline_sync()
-        (begun,) = connection.wait(generators.execute(pgconn))
-        results = connection.wait(generators.fetch_many(pgconn))
+        results = [connection.wait(generators.execute(pgconn))[-1]]
+        for _ in commands[1:]:
+            results.append(connection.wait(generators.fetch_many(pgconn))[-1])
         connection.wait(generators.fetch_many(pgconn))  # the sync point
     finally:
         try:
             pgconn.exit_pipeline_mode()
         except psycopg.Error:
             connection.close()
-    if begun.status != pq.ExecStatus.COMMAND_OK:
-        raise error_from_result(begun)
-    return results[-1]
+    return results
+
+
+def _forgotten(result: Any) -> bool:
+    return bool(
+        result.status == pq.ExecStatus.FATAL_ERROR
+        and result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT
+    )
+
+
+def _run(
+    connection: Any, statement: Statement, values: list[Any], formats: list[int], begin: bool
+) -> Any:
+    """``BEGIN`` (if ``begin``), the statement prepared if it is not yet,
+    and the statement, in one round trip; the statement's result. A
+    prepared statement the server lost (``DEALLOCATE ALL``, ``DISCARD
+    ALL``) is prepared again: at once when the transaction is the one begun
+    here (rolled back first: it held nothing else), else from the next call
+    on, this one failing as psycopg's own statement would."""
+    pgconn = connection.pgconn
+    known = _prepared_on(connection)
+    name, sql = statement.name, statement.sql
+    while True:
+        commands: list[Callable[[], None]] = []
+        if begin:
+            commands.append(lambda: pgconn.send_query_params(b"BEGIN", None))
+        if known is None:
+            commands.append(lambda: pgconn.send_query_params(sql, values, None, formats))
+        else:
+            if name not in known:
+                commands.append(lambda: pgconn.send_prepare(name, sql))
+            commands.append(lambda: pgconn.send_query_prepared(name, values, formats))
+        results = _round_trip(connection, commands)
+        for result in results[:-1]:  # BEGIN, PREPARE
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise error_from_result(result)
+        result = results[-1]
+        if known is None or not _forgotten(result):
+            if known is not None:
+                known.add(name)
+            return result
+        again = begin and name in known  # prepared before this call, in our transaction
+        known.discard(name)
+        if not again:
+            return result
+        # roll back the transaction begun above, which holds nothing else
+        pgconn.send_query(b"ROLLBACK")
+        (rolled_back,) = connection.wait(generators.execute(pgconn))
+        if rolled_back.status != pq.ExecStatus.COMMAND_OK:
+            raise error_from_result(rolled_back)
 
 
 def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
@@ -215,12 +288,7 @@ def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> 
         begin = _begin_needed(connection)
         if begin is None:
             return None
-        pgconn = connection.pgconn
-        if begin:
-            result = _pipelined(connection, pgconn, statement.sql, values, formats)
-        else:
-            pgconn.send_query_params(statement.sql, values, None, formats)
-            result = connection.wait(generators.execute(pgconn))[-1]
+        result = _run(connection, statement, values, formats, begin)
     if result.status != pq.ExecStatus.TUPLES_OK:
         raise error_from_result(result)
     return int(result.get_value(0, 0))

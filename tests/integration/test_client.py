@@ -615,6 +615,68 @@ def test_insert_task_on_psycopg_on_a_dead_connection_invalidates_it(
     assert _row(engine, app, task_id)["processo"] == "again"
 
 
+def _prepared_here(conn: Connection) -> list[str]:
+    return list(
+        conn.exec_driver_sql(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'sqlaq%%'"
+        ).scalars()
+    )
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_prepares_its_statement_once_and_again_when_lost(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        with conn.begin():
+            client.insert_task(process="first")
+        with conn.begin():
+            client.insert_task(process="second")
+        assert len(_prepared_here(conn)) == 1
+        conn.commit()
+        driver = conn.connection.dbapi_connection
+        assert driver is not None
+        driver.autocommit = True  # DISCARD ALL runs outside a transaction only
+        driver.execute("DISCARD ALL")  # the server forgets it
+        driver.autocommit = False
+        opened = _cursors_opened(monkeypatch)
+        with conn.begin():  # prepared again, in the same round trips
+            client.insert_task(process="after discard")
+        assert opened == []
+        with conn.begin():
+            conn.exec_driver_sql("DEALLOCATE ALL")
+            with pytest.raises(DBAPIError, match="does not exist"):
+                client.insert_task(process="lost")  # in a transaction it did not begin
+        with conn.begin():
+            client.insert_task(process="after deallocate")
+        assert len(_prepared_here(conn)) == 1
+    with engine.connect() as conn:
+        processes = conn.execute(select(app.Task.process).order_by(app.Task.id)).scalars()
+        assert list(processes) == ["first", "second", "after discard", "after deallocate"]
+
+
+@postgresql_only
+def test_insert_task_on_psycopg_prepares_nothing_where_psycopg_does_not(
+    db_url: str, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # prepare_threshold=None: what PgBouncer's transaction pooling needs
+    engine = create_engine(db_url, connect_args={"prepare_threshold": None})
+    app.Base.metadata.create_all(engine)
+    try:
+        opened = _cursors_opened(monkeypatch)
+        with engine.connect() as conn:
+            for process in ("a", "b"):
+                with conn.begin():
+                    QueueClient(conn, app.Task).insert_task(process=process)
+            assert opened == []
+            assert _prepared_here(conn) == []
+        assert _count(engine, app) == 2
+    finally:
+        app.Base.metadata.drop_all(engine)
+        engine.dispose()
+
+
 @postgresql_only
 def test_insert_task_on_psycopg_leaves_a_nul_character_to_psycopg(
     engine: Engine, app: App
