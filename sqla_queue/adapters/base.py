@@ -235,6 +235,14 @@ def statements_unobserved(conn: Connection) -> bool:
         return False
     if getattr(conn, "_echo", True) or conn.get_execution_options().get("schema_translate_map"):
         return False
+    # SQLAlchemy's own "anything listening at all" flags first (set by any
+    # connection or dialect event listener): on every enqueue's path
+    if not (
+        getattr(conn, "_has_events", True)
+        or getattr(conn.engine, "_has_events", True)
+        or getattr(conn.dialect, "_has_events", True)
+    ):
+        return True
     return not (
         any(getattr(conn.dispatch, name, None) for name in _CONNECTION_EVENTS)
         or any(getattr(conn.dialect.dispatch, name, None) for name in _DIALECT_EVENTS)
