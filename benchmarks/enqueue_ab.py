@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from enqueue_pieces import harness_adapter
 
 
 def main() -> int:
@@ -32,16 +30,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--n", type=int, default=200)
     args = parser.parse_args()
-    database = args.url.rsplit("/", 1)[1]
-    for sql in (f"DROP DATABASE IF EXISTS {database}", f"CREATE DATABASE {database}"):
-        subprocess.run(
-            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql], check=True
-        )
-    sys.path[:0] = [str(HERE / "peers"), str(HERE.parent.parent / "shared" / "bench")]
-    import sqla_queue_adapter as orm  # type: ignore[import-not-found]
+    orm = harness_adapter(args.url)
     import sqla_queue_client_adapter as client  # type: ignore[import-not-found]
 
-    orm.setup(args.url)
     paths: dict[str, Any] = {"ORM enqueue": orm.enqueue_one, "insert_task": client.enqueue_one}
     found: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):

@@ -22,23 +22,31 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/bench_pieces")
-    args = parser.parse_args()
-    database = args.url.rsplit("/", 1)[1]
+def harness_adapter(url: str) -> Any:
+    """The peer harness's sqla-queue adapter (benchmarks/peers), set up on
+    ``url``'s database made afresh (PostgreSQL)."""
+    database = url.rsplit("/", 1)[1]
     for sql in (f"DROP DATABASE IF EXISTS {database}", f"CREATE DATABASE {database}"):
         subprocess.run(
             ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql], check=True
         )
     sys.path[:0] = [str(HERE / "peers"), str(HERE.parent.parent / "shared" / "bench")]
     import sqla_queue_adapter as adapter  # type: ignore[import-not-found]
+
+    adapter.setup(url)
+    return adapter
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/bench_pieces")
+    args = parser.parse_args()
+    adapter = harness_adapter(args.url)
     from sqlalchemy.orm import Session
 
     from sqla_queue import QueueClient
     from sqla_queue.events import prepare_task
 
-    adapter.setup(args.url)
     conn, task = adapter._conn, adapter.Task
 
     def bare_transaction() -> None:

@@ -10,9 +10,12 @@ map, the prepare manager's bookkeeping, the result wrapped
 bind processors already run) goes to libpq through psycopg's own wrapper
 (``psycopg.pq``, with ``Connection.wait`` and psycopg's generators, so a
 query still waits interruptibly and notifications are still dispatched):
-the parameters encoded by their column's type, the statement unnamed
-(``PQsendQueryParams``: nothing kept on the server, so nothing a pooler or a
-``DISCARD ALL`` can take away), the id read from the one row it returns.
+the parameters encoded by their column's type, the id read from the one
+row it returns. The statement is prepared on the server under a name of
+its own (``sqlaq_<hash>``), in the same round trip as its first run,
+wherever psycopg prepares its own statements, and forgotten whenever
+psycopg deallocates its own (see :func:`_prepared_on`); unnamed with
+``prepare_threshold=None``.
 
 It takes a statement only where the result cannot differ from the
 cursor's; otherwise :func:`insert` returns None and the cursor runs it
@@ -158,10 +161,9 @@ def _encoded(statement: Statement, params: Mapping[str, Any]) -> tuple[list[Any]
 
 
 def _begin_needed(connection: Any) -> bool | None:
-    """Whether a ``BEGIN`` must precede the statement (psycopg's plain one);
-    None: leave the statement to psycopg (see the module)."""
-    if psycopg is None or type(connection) is not psycopg.Connection:
-        return None
+    """Whether a ``BEGIN`` must precede the statement (psycopg's plain one)
+    on the psycopg ``connection``; None: leave the statement to psycopg (see
+    the module)."""
     pgconn = connection.pgconn
     if (
         connection.autocommit
@@ -185,18 +187,38 @@ def _begin_needed(connection: Any) -> bool | None:
 
 #: per connection: the statements prepared on its server session
 _prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
-#: invalid_sql_statement_name: a prepared statement the server no longer has
-_NO_SUCH_STATEMENT = b"26000"
+#: invalid_sql_statement_name, duplicate_prepared_statement
+_NO_SUCH_STATEMENT, _ALREADY_PREPARED = b"26000", b"42P05"
 
 
 def _prepared_on(connection: Any) -> set[bytes] | None:
-    """The names prepared on ``connection``; None where psycopg prepares
-    nothing (``prepare_threshold=None``: a pooler that cannot keep them)."""
+    """The names prepared on ``connection``'s server session; None: send the
+    statement unnamed.
+
+    Unnamed where psycopg prepares nothing (``prepare_threshold=None``: a
+    pooler that cannot keep prepared statements). Named statements follow
+    psycopg's own: psycopg sends ``DEALLOCATE ALL`` when it rolls back a
+    transaction or sees a DROP, ALTER, ``DISCARD ALL`` or ``DEALLOCATE ALL``
+    while it holds prepared statements of its own (its prepare manager's
+    ``clear()`` says so), which takes ours too: ours are forgotten with
+    its. A psycopg without that manager gets unnamed statements."""
     if connection.prepare_threshold is None:
         return None
     known = _prepared.get(connection)
     if known is None:
+        manager = getattr(connection, "_prepared", None)
+        clear = getattr(manager, "clear", None)
+        if clear is None:
+            return None
         known = _prepared[connection] = set()
+
+        def cleared() -> bool:
+            deallocating: bool = clear()
+            if deallocating:
+                known.clear()
+            return deallocating
+
+        manager.clear = cleared  # type: ignore[union-attr]
     return known
 
 
@@ -225,10 +247,10 @@ def _round_trip(connection: Any, commands: list[Callable[[], None]]) -> list[Any
     return results
 
 
-def _forgotten(result: Any) -> bool:
+def _failed_with(result: Any, sqlstate: bytes) -> bool:
     return bool(
         result.status == pq.ExecStatus.FATAL_ERROR
-        and result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT
+        and result.error_field(pq.DiagnosticField.SQLSTATE) == sqlstate
     )
 
 
@@ -236,11 +258,14 @@ def _run(
     connection: Any, statement: Statement, values: list[Any], formats: list[int], begin: bool
 ) -> Any:
     """``BEGIN`` (if ``begin``), the statement prepared if it is not yet,
-    and the statement, in one round trip; the statement's result. A
-    prepared statement the server lost (``DEALLOCATE ALL``, ``DISCARD
-    ALL``) is prepared again: at once when the transaction is the one begun
-    here (rolled back first: it held nothing else), else from the next call
-    on, this one failing as psycopg's own statement would."""
+    and the statement, in one round trip; the statement's result.
+
+    Should the server have lost a prepared statement (a ``DEALLOCATE ALL``
+    psycopg did not send), or kept one thought lost, the name is corrected
+    and, when the transaction is the one begun here (it holds nothing else:
+    rolled back), the statement sent again at once; in the caller's
+    transaction, the error is the caller's, as after any failed statement,
+    and the next call prepares it right."""
     pgconn = connection.pgconn
     known = _prepared_on(connection)
     name, sql = statement.name, statement.sql
@@ -251,27 +276,33 @@ def _run(
         if known is None:
             commands.append(lambda: pgconn.send_query_params(sql, values, None, formats))
         else:
-            if name not in known:
+            prepare = name not in known
+            if prepare:
                 commands.append(lambda: pgconn.send_prepare(name, sql))
             commands.append(lambda: pgconn.send_query_prepared(name, values, formats))
         results = _round_trip(connection, commands)
-        for result in results[:-1]:  # BEGIN, PREPARE
-            if result.status != pq.ExecStatus.COMMAND_OK:
-                raise error_from_result(result)
         result = results[-1]
-        if known is None or not _forgotten(result):
-            if known is not None:
+        if known is not None:
+            if prepare and _failed_with(results[-2], _ALREADY_PREPARED):
                 known.add(name)
-            return result
-        again = begin and name in known  # prepared before this call, in our transaction
-        known.discard(name)
-        if not again:
-            return result
-        # roll back the transaction begun above, which holds nothing else
-        pgconn.send_query(b"ROLLBACK")
-        (rolled_back,) = connection.wait(generators.execute(pgconn))
-        if rolled_back.status != pq.ExecStatus.COMMAND_OK:
-            raise error_from_result(rolled_back)
+            elif not prepare and _failed_with(result, _NO_SUCH_STATEMENT):
+                known.discard(name)
+            else:
+                known.add(name)
+                break
+            if not begin:
+                break
+            # the transaction begun above holds nothing else: again, anew
+            pgconn.send_query(b"ROLLBACK")
+            (rolled_back,) = connection.wait(generators.execute(pgconn))
+            if rolled_back.status != pq.ExecStatus.COMMAND_OK:
+                raise error_from_result(rolled_back)
+            continue
+        break
+    for earlier in results[:-1]:  # BEGIN, PREPARE
+        if earlier.status != pq.ExecStatus.COMMAND_OK:
+            raise error_from_result(earlier)
+    return result
 
 
 def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
@@ -284,6 +315,8 @@ def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> 
     if encoded is None:
         return None
     values, formats = encoded
+    if psycopg is None or type(connection) is not psycopg.Connection:
+        return None
     with connection.lock:
         begin = _begin_needed(connection)
         if begin is None:

@@ -657,6 +657,32 @@ def test_insert_task_on_psycopg_prepares_its_statement_once_and_again_when_lost(
 
 
 @postgresql_only
+def test_insert_task_on_psycopg_follows_psycopgs_own_deallocations(
+    db_url: str, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # psycopg sends DEALLOCATE ALL when it rolls back a transaction while it
+    # holds prepared statements of its own (prepare_threshold=0: from the first)
+    engine = create_engine(db_url, connect_args={"prepare_threshold": 0})
+    app.Base.metadata.create_all(engine)
+    try:
+        opened = _cursors_opened(monkeypatch)
+        with engine.connect() as conn:
+            client = QueueClient(conn, app.Task)
+            for process in ("a", "b", "c"):
+                conn.exec_driver_sql("SELECT 1")  # psycopg's own prepared statement
+                client.insert_task(process=process)  # in the transaction: no BEGIN here
+                conn.rollback()  # psycopg deallocates everything, ours too
+            with conn.begin():
+                conn.exec_driver_sql("SELECT 1")
+                client.insert_task(process="kept")
+        assert len(opened) == 4  # the SELECTs
+        assert _count(engine, app) == 1
+    finally:
+        app.Base.metadata.drop_all(engine)
+        engine.dispose()
+
+
+@postgresql_only
 def test_insert_task_on_psycopg_prepares_nothing_where_psycopg_does_not(
     db_url: str, app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
