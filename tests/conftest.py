@@ -200,10 +200,11 @@ def app(table_name: str) -> App:
 
 
 @contextlib.contextmanager
-def created_engine(db_url: str, metadata: MetaData) -> Iterator[Engine]:
-    """An engine on ``db_url`` with ``metadata``'s tables created, dropped
-    (and the engine disposed) on the way out."""
-    engine = create_engine(db_url)
+def created_engine(db_url: str, metadata: MetaData, **options: Any) -> Iterator[Engine]:
+    """An engine on ``db_url`` (``create_engine``'s ``options``) with
+    ``metadata``'s tables created, dropped (and the engine disposed) on the
+    way out."""
+    engine = create_engine(db_url, **options)
     metadata.create_all(engine)
     try:
         yield engine

@@ -30,7 +30,7 @@ from sqla_queue import (
     UnsupportedOperationError,
 )
 from sqla_queue.adapters.postgresql import PostgresAdapter
-from tests.conftest import server_url
+from tests.conftest import created_engine, server_url
 from tests.support.app import App
 
 UTC = dt.timezone.utc
@@ -662,9 +662,7 @@ def test_insert_task_on_psycopg_follows_psycopgs_own_deallocations(
 ) -> None:
     # psycopg sends DEALLOCATE ALL when it rolls back a transaction while it
     # holds prepared statements of its own (prepare_threshold=0: from the first)
-    engine = create_engine(db_url, connect_args={"prepare_threshold": 0})
-    app.Base.metadata.create_all(engine)
-    try:
+    with created_engine(db_url, app.Base.metadata, connect_args={"prepare_threshold": 0}) as engine:
         opened = _cursors_opened(monkeypatch)
         with engine.connect() as conn:
             client = QueueClient(conn, app.Task)
@@ -677,9 +675,6 @@ def test_insert_task_on_psycopg_follows_psycopgs_own_deallocations(
                 client.insert_task(process="kept")
         assert len(opened) == 4  # the SELECTs
         assert _count(engine, app) == 1
-    finally:
-        app.Base.metadata.drop_all(engine)
-        engine.dispose()
 
 
 @postgresql_only
@@ -687,9 +682,9 @@ def test_insert_task_on_psycopg_prepares_nothing_where_psycopg_does_not(
     db_url: str, app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # prepare_threshold=None: what PgBouncer's transaction pooling needs
-    engine = create_engine(db_url, connect_args={"prepare_threshold": None})
-    app.Base.metadata.create_all(engine)
-    try:
+    with created_engine(
+        db_url, app.Base.metadata, connect_args={"prepare_threshold": None}
+    ) as engine:
         opened = _cursors_opened(monkeypatch)
         with engine.connect() as conn:
             for process in ("a", "b"):
@@ -698,15 +693,10 @@ def test_insert_task_on_psycopg_prepares_nothing_where_psycopg_does_not(
             assert opened == []
             assert _prepared_here(conn) == []
         assert _count(engine, app) == 2
-    finally:
-        app.Base.metadata.drop_all(engine)
-        engine.dispose()
 
 
 @postgresql_only
-def test_insert_task_on_psycopg_leaves_a_nul_character_to_psycopg(
-    engine: Engine, app: App
-) -> None:
+def test_insert_task_on_psycopg_leaves_a_nul_character_to_psycopg(engine: Engine, app: App) -> None:
     with engine.connect() as conn, pytest.raises(DBAPIError, match="NUL"):
         QueueClient(conn, app.Task).insert_task(process="p", origin="a\x00b")
     assert _count(engine, app) == 0
