@@ -288,7 +288,8 @@ def _run(
             elif not prepare and _failed_with(result, _NO_SUCH_STATEMENT):
                 known.discard(name)
             else:
-                known.add(name)
+                if not prepare or results[-2].status == pq.ExecStatus.COMMAND_OK:
+                    known.add(name)
                 break
             if not begin:
                 break

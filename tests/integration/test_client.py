@@ -678,6 +678,23 @@ def test_insert_task_on_psycopg_follows_psycopgs_own_deallocations(
 
 
 @postgresql_only
+def test_insert_task_on_psycopg_prepares_again_after_a_failed_prepare(
+    engine: Engine, app: App
+) -> None:
+    app.Task.__table__.drop(engine)
+    with engine.connect() as conn:
+        client = QueueClient(conn, app.Task)
+        with pytest.raises(DBAPIError, match="does not exist"), conn.begin():
+            client.insert_task(process="no table yet")  # its PREPARE fails
+        app.Task.__table__.create(conn)
+        conn.commit()
+        with conn.begin():
+            conn.exec_driver_sql("SELECT 1")  # in the caller's transaction: no second chance
+            client.insert_task(process="prepared now")
+    assert _count(engine, app) == 1
+
+
+@postgresql_only
 def test_insert_task_on_psycopg_prepares_nothing_where_psycopg_does_not(
     db_url: str, app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
