@@ -66,7 +66,7 @@ __all__ = ["Statement", "insert", "statement_for"]
 #: ``SQLA_QUEUE_LIBPQ_INSERT`` (default true): false leaves every INSERT to psycopg
 enabled = EnvFlag("SQLA_QUEUE_LIBPQ_INSERT", default=True)
 #: whether this libpq has pipeline mode (14 and later), asked once
-_PIPELINE = [psycopg is not None and psycopg.Pipeline.is_supported()]
+_PIPELINE = psycopg is not None and psycopg.Pipeline.is_supported()
 _BIND = re.compile(r"%\((\w+)\)s|%%")
 _TEXT, _BINARY = 0, 1
 
@@ -179,7 +179,7 @@ def _begin_needed(connection: Any) -> bool | None:
         connection.isolation_level is not None
         or connection.read_only is not None
         or connection.deferrable is not None
-        or not _PIPELINE[0]
+        or not _PIPELINE
     ):
         return None
     return True
@@ -310,14 +310,12 @@ def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> 
     """Run ``statement`` (an INSERT returning one id) with ``params`` on the
     psycopg ``connection``; its id, or None when it is left to the cursor
     (see the module)."""
-    if not enabled():
+    if not enabled() or psycopg is None or type(connection) is not psycopg.Connection:
         return None
     encoded = _encoded(statement, params)
     if encoded is None:
         return None
     values, formats = encoded
-    if psycopg is None or type(connection) is not psycopg.Connection:
-        return None
     with connection.lock:
         begin = _begin_needed(connection)
         if begin is None:
