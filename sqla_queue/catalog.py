@@ -151,20 +151,38 @@ class EnvFlag:
     (cheaply: parsed once per value), so a change takes effect at once; a
     value that is not a boolean is a ``ConfigurationError`` naming it."""
 
-    __slots__ = ("default", "last", "name")
+    __slots__ = ("default", "key", "last", "name")
 
     def __init__(self, name: str, *, default: bool) -> None:
         self.name = name
         self.default = default
-        self.last: tuple[str | None, bool] = (None, default)
+        self.last: tuple[Any, bool] = (None, default)
+        #: the name as ``os.environ`` keeps it (see :func:`_environ_value`)
+        self.key = _ENVIRON_KEY(name)
 
     def __call__(self) -> bool:
-        raw = os.environ.get(self.name)
+        raw = _ENVIRON_VALUE(self.key)
         if raw is None:
             return self.default
         if raw != self.last[0]:
-            self.last = (raw, bool(Flag().parse(self.name, raw)))
+            value = _ENVIRON_DECODE(raw)
+            self.last = (raw, bool(Flag().parse(self.name, value)))
         return self.last[1]
+
+
+# ``os.environ.get`` of a variable that is not set raises and catches a
+# KeyError inside: a microsecond on every enqueue. ``os.environ`` keeps its
+# encoded items in a plain dict, which its own setters (``monkeypatch`` and
+# ``os.environ[...] = ...`` included) keep current: read there when it has one.
+_environ_data = getattr(os.environ, "_data", None)
+if isinstance(_environ_data, dict) and callable(getattr(os.environ, "encodekey", None)):
+    _ENVIRON_KEY = os.environ.encodekey  # type: ignore[attr-defined]
+    _ENVIRON_VALUE = _environ_data.get
+    _ENVIRON_DECODE = os.environ.decodevalue  # type: ignore[attr-defined]
+else:  # pragma: no cover - another Python's os.environ
+    _ENVIRON_KEY = str
+    _ENVIRON_VALUE = os.environ.get
+    _ENVIRON_DECODE = str
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,8 @@ def _normalise(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]
     """Seed parameter names for positional and keyword (seed or English) values."""
     if len(args) > len(_SEED_PARAMETERS):
         raise TypeError(f"at most {len(_SEED_PARAMETERS)} positional arguments")
+    if not kwargs:  # the seed's own calls: positional only
+        return dict(zip(_SEED_PARAMETERS, args, strict=False))
     values = dict(zip(_seed_names(tuple(kwargs)), kwargs.values(), strict=True))
     if args:
         if any(name in values for name in _SEED_PARAMETERS[: len(args)]):

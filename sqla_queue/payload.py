@@ -256,6 +256,8 @@ def serialize_payload(value: Any) -> str | None:
     """The stored text of a payload (see the module docstring)."""
     if value is None:
         return None
+    if type(value) is int:  # what the JSON encoder writes for one, without building it
+        return int.__repr__(value)
     if isinstance(value, str):
         if isinstance(value, JsonText):
             return _utf8_json(str.__str__(value))  # a plain str for the driver
@@ -269,8 +271,12 @@ def serialize_payload(value: Any) -> str | None:
 
 def hash_payload(text: str | None) -> bytes | None:
     """The reference's payload hash: hex SHA-256 of the text, as bytes."""
-    [digest] = hash_payload_texts([text])
-    return None if digest is None else digest.encode("ascii")
+    if not text:
+        return None
+    try:
+        return hashlib.sha256(text.encode()).hexdigest().encode()
+    except UnicodeEncodeError as exc:  # a raw payload_text: serialize_payload refuses it first
+        raise _lone_surrogate(exc.object[exc.start]) from None
 
 
 def hash_payload_texts(texts: Iterable[str | None]) -> list[str | None]:

@@ -100,7 +100,8 @@ def column_of(table: Table, key: str) -> str | None:
 def values_for(table: Table, payload: Any) -> dict[str, str | None]:
     """The payload-key columns' values (by column name) for a task of
     ``table`` with ``payload``; empty when the table has none."""
-    return missing_values(_table_plan(table), payload, {})
+    plan = _table_plan(table)
+    return missing_values(plan, payload, {}) if plan else {}
 
 
 def missing_values(

@@ -222,23 +222,29 @@ def _prepared_on(connection: Any) -> set[bytes] | None:
     return known
 
 
-def _round_trip(connection: Any, commands: list[Callable[[], None]]) -> list[Any]:
+#: one libpq call to send: the bound method and its arguments
+_Command = tuple[Callable[..., None], tuple[Any, ...]]
+
+
+def _round_trip(connection: Any, commands: list[_Command]) -> list[Any]:
     """Send ``commands`` in one round trip (libpq's pipeline mode for more
     than one) and return each one's last result. Left in pipeline mode by a
     wait cut short, the connection is closed: nothing may run on it half-read."""
     pgconn = connection.pgconn
+    wait = connection.wait
     if len(commands) == 1:
-        commands[0]()
-        return [connection.wait(generators.execute(pgconn))[-1]]
+        send, args = commands[0]
+        send(*args)
+        return [wait(generators.execute(pgconn))[-1]]
     pgconn.enter_pipeline_mode()
     try:
-        for command in commands:
-            command()
+        for send, args in commands:
+            send(*args)
         pgconn.pipeline_sync()
-        results = [connection.wait(generators.execute(pgconn))[-1]]
+        results = [wait(generators.execute(pgconn))[-1]]
         for _ in commands[1:]:
-            results.append(connection.wait(generators.fetch_many(pgconn))[-1])
-        connection.wait(generators.fetch_many(pgconn))  # the sync point
+            results.append(wait(generators.fetch_many(pgconn))[-1])
+        wait(generators.fetch_many(pgconn))  # the sync point
     finally:
         try:
             pgconn.exit_pipeline_mode()
@@ -254,6 +260,43 @@ def _failed_with(result: Any, sqlstate: bytes) -> bool:
     )
 
 
+def _attempt(
+    connection: Any,
+    statement: Statement,
+    values: list[Any],
+    formats: list[int],
+    begin: bool,
+    known: set[bytes] | None,
+) -> tuple[list[Any], bool]:
+    """One round trip: ``BEGIN`` (if ``begin``), the statement prepared if
+    it is not yet (named when ``known`` is a set), and the statement. Its
+    results, and False when the server's prepared statements were not what
+    ``known`` said (the name is corrected: the statement did not run)."""
+    pgconn = connection.pgconn
+    commands: list[_Command] = []
+    if begin:
+        commands.append((pgconn.send_query_params, (b"BEGIN", None)))
+    if known is None:
+        commands.append((pgconn.send_query_params, (statement.sql, values, None, formats)))
+        return _round_trip(connection, commands), True
+    name = statement.name
+    prepare = name not in known
+    if prepare:
+        commands.append((pgconn.send_prepare, (name, statement.sql)))
+    commands.append((pgconn.send_query_prepared, (name, values, formats)))
+    results = _round_trip(connection, commands)
+    if not prepare:
+        if _failed_with(results[-1], _NO_SUCH_STATEMENT):
+            known.discard(name)  # deallocated behind psycopg's back
+            return results, False
+    elif results[-2].status == pq.ExecStatus.COMMAND_OK:
+        known.add(name)
+    elif _failed_with(results[-2], _ALREADY_PREPARED):
+        known.add(name)  # kept when thought lost
+        return results, False
+    return results, True
+
+
 def _run(
     connection: Any, statement: Statement, values: list[Any], formats: list[int], begin: bool
 ) -> Any:
@@ -263,54 +306,29 @@ def _run(
     Should the server have lost a prepared statement (a ``DEALLOCATE ALL``
     psycopg did not send), or kept one thought lost, the name is corrected
     and, when the transaction is the one begun here (it holds nothing else:
-    rolled back), the statement sent again at once; in the caller's
+    rolled back), the statement sent once more at once; in the caller's
     transaction, the error is the caller's, as after any failed statement,
     and the next call prepares it right."""
-    pgconn = connection.pgconn
     known = _prepared_on(connection)
-    name, sql = statement.name, statement.sql
-    while True:
-        commands: list[Callable[[], None]] = []
-        if begin:
-            commands.append(lambda: pgconn.send_query_params(b"BEGIN", None))
-        if known is None:
-            commands.append(lambda: pgconn.send_query_params(sql, values, None, formats))
-        else:
-            prepare = name not in known
-            if prepare:
-                commands.append(lambda: pgconn.send_prepare(name, sql))
-            commands.append(lambda: pgconn.send_query_prepared(name, values, formats))
-        results = _round_trip(connection, commands)
-        result = results[-1]
-        if known is not None:
-            if prepare and _failed_with(results[-2], _ALREADY_PREPARED):
-                known.add(name)
-            elif not prepare and _failed_with(result, _NO_SUCH_STATEMENT):
-                known.discard(name)
-            else:
-                if not prepare or results[-2].status == pq.ExecStatus.COMMAND_OK:
-                    known.add(name)
-                break
-            if not begin:
-                break
-            # the transaction begun above holds nothing else: again, anew
-            pgconn.send_query(b"ROLLBACK")
-            (rolled_back,) = connection.wait(generators.execute(pgconn))
-            if rolled_back.status != pq.ExecStatus.COMMAND_OK:
-                raise error_from_result(rolled_back)
-            continue
-        break
+    results, settled = _attempt(connection, statement, values, formats, begin, known)
+    if not settled and begin:
+        pgconn = connection.pgconn
+        pgconn.send_query(b"ROLLBACK")
+        (rolled_back,) = connection.wait(generators.execute(pgconn))
+        if rolled_back.status != pq.ExecStatus.COMMAND_OK:
+            raise error_from_result(rolled_back)
+        results, _ = _attempt(connection, statement, values, formats, begin, known)
     for earlier in results[:-1]:  # BEGIN, PREPARE
         if earlier.status != pq.ExecStatus.COMMAND_OK:
             raise error_from_result(earlier)
-    return result
+    return results[-1]
 
 
 def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
     """Run ``statement`` (an INSERT returning one id) with ``params`` on the
     psycopg ``connection``; its id, or None when it is left to the cursor
     (see the module)."""
-    if not enabled() or psycopg is None or type(connection) is not psycopg.Connection:
+    if psycopg is None or type(connection) is not psycopg.Connection or not enabled():
         return None
     encoded = _encoded(statement, params)
     if encoded is None:
