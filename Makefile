@@ -9,8 +9,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 # pytest-xdist workers for make test (each with databases of its own:
-# tests/conftest.py); TEST_WORKERS=0 runs the suite in one process
-TEST_WORKERS ?= 2
+# tests/conftest.py); TEST_WORKERS=0 runs the suite in one process. Four on
+# two cores: most of a test's time is waiting on a server, a subprocess or a
+# JVM (2 workers: 844-917 s quiet; 4: 416 s, docs/configuration.md)
+TEST_WORKERS ?= 4
 
 .PHONY: quickstart test fuzz lint bench clean
 
