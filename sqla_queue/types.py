@@ -95,6 +95,8 @@ class PayloadHash(TypeDecorator[bytes]):
 
     impl = LargeBinary
     cache_ok = True
+    #: exactly ``bytes`` binds as is (adapters/libpq.py): only a PendingHash is refused
+    sqla_queue_binds_exact_as_is = True
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name in MYSQL_FAMILY:

@@ -140,6 +140,8 @@ ENQUEUE_FIELDS = tuple(
     )
 )
 
+_BY_COLUMN = {field.column: field for field in ENQUEUE_FIELDS}
+
 
 def check_attributes(values: Mapping[str, Any]) -> dict[str, Any]:
     """Check a new task's values by attribute name (a model instance's
@@ -163,8 +165,12 @@ def check_attributes(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_columns(values: MutableMapping[str, Any]) -> None:
-    """Check QueueClient's parameters by seed name, in place."""
-    for field in ENQUEUE_FIELDS:
-        value = values.get(field.column)
+    """Check QueueClient's parameters by seed name, in place (the values
+    given, not every field: on every enqueue's path)."""
+    for column, value in values.items():
         if value is not None:
-            values[field.column] = field.check(field, value)
+            field = _BY_COLUMN.get(column)
+            if field is not None:
+                checked = field.check(field, value)
+                if checked is not value:
+                    values[column] = checked  # an existing key: the iteration holds

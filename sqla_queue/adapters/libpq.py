@@ -44,7 +44,7 @@ import datetime as dt
 import hashlib
 import re
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import types as sqltypes
@@ -57,11 +57,18 @@ try:  # psycopg 3 is the postgresql extra's driver; without it nothing is taken
     from psycopg import generators, pq
     from psycopg.dbapi20 import Binary as _Binary
     from psycopg.errors import error_from_result
+
+    # libpq's codes as plain module constants: read on every enqueue
+    _CONNECTION_OK = pq.ConnStatus.OK
+    _PIPELINE_OFF = pq.PipelineStatus.OFF
+    _IDLE, _INTRANS = pq.TransactionStatus.IDLE, pq.TransactionStatus.INTRANS
+    _COMMAND_OK, _TUPLES_OK = pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK
+    _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 except ImportError:  # pragma: no cover - the base install
     psycopg = None  # type: ignore[assignment]
     _Binary = None  # type: ignore[assignment,misc]
 
-__all__ = ["Statement", "insert", "statement_for"]
+__all__ = ["RowPlan", "Statement", "insert", "row_plan", "statement_for"]
 
 #: ``SQLA_QUEUE_LIBPQ_INSERT`` (default true): false leaves every INSERT to psycopg
 enabled = EnvFlag("SQLA_QUEUE_LIBPQ_INSERT", default=True)
@@ -69,6 +76,23 @@ enabled = EnvFlag("SQLA_QUEUE_LIBPQ_INSERT", default=True)
 _PIPELINE = psycopg is not None and psycopg.Pipeline.is_supported()
 _BIND = re.compile(r"%\((\w+)\)s|%%")
 _TEXT, _BINARY = 0, 1
+
+
+#: on a TypeDecorator: its bind processing leaves a value of exactly the
+#: Python type its column takes (or None) as it is (sqla_queue.types.PayloadHash)
+BINDS_EXACT_AS_IS = "sqla_queue_binds_exact_as_is"
+
+
+def _as_is_for(type_: TypeEngine[Any]) -> type | None:
+    """The Python type whose values (exactly that type, or None) the bind
+    processor of a column of ``type_`` passes on unchanged, or wraps in
+    what :func:`_encoded` unwraps (``psycopg.Binary``): SQLAlchemy's own
+    string, number, boolean, binary and date types, which only check or
+    wrap, and a TypeDecorator that says so (:data:`BINDS_EXACT_AS_IS`).
+    None: run the processor on every value."""
+    if isinstance(type_, TypeDecorator) and not getattr(type_, BINDS_EXACT_AS_IS, False):
+        return None
+    return _python_type(type_)
 
 
 def _python_type(type_: TypeEngine[Any]) -> type | None:
@@ -129,11 +153,66 @@ def statement_for(
     return Statement(sql.encode(), tuple(names), tuple(types))
 
 
-def _encoded(statement: Statement, params: Mapping[str, Any]) -> tuple[list[Any], list[int]] | None:
+class RowPlan:
+    """A task row's INSERT as libpq takes it: the :class:`Statement`, and
+    per parameter the row's column it takes or the constant (a column's
+    scalar default), with the columns' bind processors to run."""
+
+    __slots__ = ("processors", "sources", "sql", "statement")
+
+    def __init__(
+        self,
+        statement: Statement,
+        sql: str,
+        sources: tuple[tuple[str, Any], ...],
+        processors: tuple[tuple[int, Callable[[Any], Any], type | None], ...],
+    ) -> None:
+        self.statement = statement
+        self.sql = sql  # SQLAlchemy's text of it, for error messages
+        self.sources = sources
+        self.processors = processors
+
+    def values(self, row: Mapping[str, Any]) -> list[Any]:
+        """The statement's parameters for ``row`` (a mapping of every column
+        the plan was made for), in order."""
+        get = row.get
+        values = [get(name, constant) for name, constant in self.sources]
+        for at, process, as_is in self.processors:
+            value = values[at]
+            if value is None or type(value) is not as_is:
+                values[at] = process(value)
+        return values
+
+
+def row_plan(
+    pyformat_sql: str,
+    constants: Mapping[str, Any],
+    processors: Mapping[str, Callable[[Any], Any]],
+    column_types: Mapping[str, TypeEngine[Any]],
+) -> RowPlan | None:
+    """The :class:`RowPlan` of a direct INSERT SQLAlchemy compiled for
+    psycopg, whose parameters are named after their columns: each one the
+    row's value, or ``constants[name]`` for the columns the row has not;
+    None when :func:`statement_for` gives no statement."""
+    statement = statement_for(pyformat_sql, column_types)
+    if statement is None or set(statement.names) != set(column_types):
+        return None
+    names = statement.names
+    return RowPlan(
+        statement,
+        pyformat_sql,
+        tuple((name, constants.get(name)) for name in names),
+        tuple(
+            (names.index(name), process, _as_is_for(column_types[name]))
+            for name, process in processors.items()
+        ),
+    )
+
+
+def _encoded(statement: Statement, params: Sequence[Any]) -> tuple[list[Any], list[int]] | None:
     values: list[Any] = []
     formats: list[int] = []
-    for name, python in zip(statement.names, statement.types, strict=True):
-        value: Any = params[name]
+    for value, python in zip(params, statement.types, strict=True):
         if value is None:
             values.append(None)
             formats.append(_TEXT)
@@ -167,15 +246,15 @@ def _begin_needed(connection: Any) -> bool | None:
     pgconn = connection.pgconn
     if (
         connection.autocommit
-        or pgconn.status != pq.ConnStatus.OK
-        or pgconn.pipeline_status != pq.PipelineStatus.OFF
+        or pgconn.status != _CONNECTION_OK
+        or pgconn.pipeline_status != _PIPELINE_OFF
         or pgconn.parameter_status(b"client_encoding") != b"UTF8"
     ):
         return None
     status = pgconn.transaction_status
-    if status == pq.TransactionStatus.INTRANS:
+    if status == _INTRANS:
         return False
-    if status != pq.TransactionStatus.IDLE or (
+    if status != _IDLE or (
         connection.isolation_level is not None
         or connection.read_only is not None
         or connection.deferrable is not None
@@ -231,20 +310,16 @@ def _round_trip(connection: Any, commands: list[_Command]) -> list[Any]:
     than one) and return each one's last result. Left in pipeline mode by a
     wait cut short, the connection is closed: nothing may run on it half-read."""
     pgconn = connection.pgconn
-    wait = connection.wait
     if len(commands) == 1:
         send, args = commands[0]
         send(*args)
-        return [wait(generators.execute(pgconn))[-1]]
+        return [connection.wait(generators.execute(pgconn))[-1]]
     pgconn.enter_pipeline_mode()
     try:
         for send, args in commands:
             send(*args)
         pgconn.pipeline_sync()
-        results = [wait(generators.execute(pgconn))[-1]]
-        for _ in commands[1:]:
-            results.append(wait(generators.fetch_many(pgconn))[-1])
-        wait(generators.fetch_many(pgconn))  # the sync point
+        results: list[Any] = connection.wait(_pipeline_results(pgconn, len(commands)))
     finally:
         try:
             pgconn.exit_pipeline_mode()
@@ -253,9 +328,19 @@ def _round_trip(connection: Any, commands: list[_Command]) -> list[Any]:
     return results
 
 
+def _pipeline_results(pgconn: Any, count: int) -> Any:
+    """psycopg's generators for ``count`` commands sent in pipeline mode
+    and their sync point, driven by one wait: each command's last result."""
+    results = [(yield from generators.execute(pgconn))[-1]]
+    for _ in range(count - 1):
+        results.append((yield from generators.fetch_many(pgconn))[-1])
+    yield from generators.fetch_many(pgconn)  # the sync point
+    return results
+
+
 def _failed_with(result: Any, sqlstate: bytes) -> bool:
     return bool(
-        result.status == pq.ExecStatus.FATAL_ERROR
+        result.status == _FATAL_ERROR
         and result.error_field(pq.DiagnosticField.SQLSTATE) == sqlstate
     )
 
@@ -289,7 +374,7 @@ def _attempt(
         if _failed_with(results[-1], _NO_SUCH_STATEMENT):
             known.discard(name)  # deallocated behind psycopg's back
             return results, False
-    elif results[-2].status == pq.ExecStatus.COMMAND_OK:
+    elif results[-2].status == _COMMAND_OK:
         known.add(name)
     elif _failed_with(results[-2], _ALREADY_PREPARED):
         known.add(name)  # kept when thought lost
@@ -315,19 +400,19 @@ def _run(
         pgconn = connection.pgconn
         pgconn.send_query(b"ROLLBACK")
         (rolled_back,) = connection.wait(generators.execute(pgconn))
-        if rolled_back.status != pq.ExecStatus.COMMAND_OK:
+        if rolled_back.status != _COMMAND_OK:
             raise error_from_result(rolled_back)
         results, _ = _attempt(connection, statement, values, formats, begin, known)
     for earlier in results[:-1]:  # BEGIN, PREPARE
-        if earlier.status != pq.ExecStatus.COMMAND_OK:
+        if earlier.status != _COMMAND_OK:
             raise error_from_result(earlier)
     return results[-1]
 
 
-def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> int | None:
-    """Run ``statement`` (an INSERT returning one id) with ``params`` on the
-    psycopg ``connection``; its id, or None when it is left to the cursor
-    (see the module)."""
+def insert(connection: Any, statement: Statement, params: Sequence[Any]) -> int | None:
+    """Run ``statement`` (an INSERT returning one id) with ``params`` (in
+    the statement's order) on the psycopg ``connection``; its id, or None
+    when it is left to the cursor (see the module)."""
     if psycopg is None or type(connection) is not psycopg.Connection or not enabled():
         return None
     encoded = _encoded(statement, params)
@@ -339,6 +424,6 @@ def insert(connection: Any, statement: Statement, params: Mapping[str, Any]) -> 
         if begin is None:
             return None
         result = _run(connection, statement, values, formats, begin)
-    if result.status != pq.ExecStatus.TUPLES_OK:
+    if result.status != _TUPLES_OK:
         raise error_from_result(result)
     return int(result.get_value(0, 0))

@@ -39,6 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -53,11 +54,11 @@ from . import libpq
 from .base import (
     PROMOTE_CHUNK,
     Adapter,
+    DriverErrors,
     Listener,
     TableHealth,
     VacuumState,
     Wake,
-    _DirectInsert,
     driver_cursor,
     statements_unobserved,
 )
@@ -159,8 +160,8 @@ class PostgresAdapter(Adapter):
 
     def _prepare(self) -> None:
         super()._prepare()
-        #: direct INSERTs in libpq's form, by their psycopg text (libpq.py)
-        self._libpq_inserts: dict[str, libpq.Statement | None] = {}
+        #: task INSERTs in libpq's form, by paramstyle and columns (libpq.py)
+        self._libpq_plans: dict[tuple[str, tuple[str, ...]], libpq.RowPlan | None] = {}
         self._bucket_lock = text("SELECT pg_advisory_xact_lock(:ns, :bucket)")
         t = self.table
         c = t.c
@@ -350,24 +351,36 @@ class PostgresAdapter(Adapter):
             )
         return statement
 
-    def _run_direct_insert(
-        self, dbapi_connection: Any, direct: _DirectInsert, params: dict[str, Any]
-    ) -> Any:
-        """On psycopg 3, through libpq itself where it can (libpq.py)."""
-        if direct.order is None and direct.returning:
-            statement = self._libpq_inserts.get(direct.sql, _UNKNOWN)
-            if statement is _UNKNOWN:
-                statement = libpq.statement_for(
-                    direct.sql, {name: self.table.c[name].type for name in params}
-                )
-                if statement is not None and set(statement.names) != set(params):
-                    statement = None
-                self._libpq_inserts[direct.sql] = statement
-            if statement is not None:
-                new_id = libpq.insert(dbapi_connection, statement, params)
+    def task_insert_one(self, conn: Connection, *, row: Mapping[str, Any]) -> int:
+        """On psycopg 3, the INSERT straight to libpq where it can (libpq.py),
+        from a plan per set of columns: the row's values, NULL for those it
+        leaves None (the base class's statement leaves out those NULL by
+        default: the same row). Otherwise, or when libpq.insert steps
+        aside, the base class's statement on the cursor."""
+        dialect = conn.dialect
+        if dialect.driver == "psycopg" and statements_unobserved(conn):
+            key = (dialect.paramstyle, tuple(row))
+            plan = self._libpq_plans.get(key, _UNKNOWN)
+            if plan is _UNKNOWN:
+                plan = self._libpq_plans[key] = self._libpq_plan(dialect, key[1])
+            if plan is not None:
+                with DriverErrors(conn, plan.sql, row) as dbapi_connection:
+                    new_id = libpq.insert(dbapi_connection, plan.statement, plan.values(row))
                 if new_id is not None:
                     return new_id
-        return super()._run_direct_insert(dbapi_connection, direct, params)
+        return super().task_insert_one(conn, row=row)
+
+    def _libpq_plan(self, dialect: Dialect, columns: tuple[str, ...]) -> libpq.RowPlan | None:
+        direct = self._direct_insert(dialect, columns)
+        if direct is None or direct.order is not None or not direct.returning:
+            return None
+        c = self.table.c
+        return libpq.row_plan(
+            direct.sql,
+            direct.defaults,
+            dict(direct.processors),
+            {name: c[name].type for name in (*columns, *direct.defaults)},
+        )
 
     def task_insert_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """From COPY_THRESHOLD rows on psycopg, COPY (see task_copy_many),
