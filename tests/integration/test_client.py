@@ -1046,3 +1046,45 @@ def test_constructor_refuses_a_parameter_given_by_both_names(engine: Engine, app
             QueueClient(s, app.Task, bd_conn=s)
         with pytest.raises(TypeError, match="needs a Session or Connection and a queue table"):
             QueueClient(s)
+
+
+def test_a_libpq_row_plan_runs_the_bind_processors_that_can_change_a_value() -> None:
+    """A plan skips a processor only where a value of exactly its column's
+    Python type passes unchanged (SQLAlchemy's own types, PayloadHash); a
+    TypeDecorator's runs on every value."""
+    from sqlalchemy import Boolean, TypeDecorator
+
+    from sqla_queue.adapters import libpq
+    from sqla_queue.types import PayloadHash
+
+    class Shouting(TypeDecorator[str]):
+        impl = String
+        cache_ok = True
+
+    calls: list[str] = []
+
+    def processor(name: str, result: Any) -> Any:
+        def process(value: Any) -> Any:
+            calls.append(name)
+            return result(value)
+
+        return process
+
+    plan = libpq.row_plan(
+        "INSERT INTO t (a, b, c, d) VALUES (%(a)s, %(b)s, %(c)s, %(d)s) RETURNING t.id",
+        {"d": True},
+        {
+            "a": processor("a", str.upper),
+            "b": processor("b", lambda v: v),
+            "c": processor("c", lambda v: v),
+            "d": processor("d", lambda v: v),
+        },
+        {"a": Shouting(), "b": Boolean(), "c": PayloadHash(), "d": Boolean()},
+    )
+    assert plan is not None
+    assert plan.statement.sql == b"INSERT INTO t (a, b, c, d) VALUES ($1, $2, $3, $4) RETURNING t.id"
+    assert plan.values({"a": "quiet", "b": False, "c": b"0f"}) == ["QUIET", False, b"0f", True]
+    assert calls == ["a"]
+    # not exactly the column's type (or None): the processor decides
+    assert plan.values({"a": "x", "b": 1, "c": bytearray(b"0f")}) == ["X", 1, bytearray(b"0f"), True]
+    assert calls == ["a", "a", "b", "c"]
