@@ -1082,9 +1082,12 @@ def test_a_libpq_row_plan_runs_the_bind_processors_that_can_change_a_value() -> 
         {"a": Shouting(), "b": Boolean(), "c": PayloadHash(), "d": Boolean()},
     )
     assert plan is not None
-    assert plan.statement.sql == b"INSERT INTO t (a, b, c, d) VALUES ($1, $2, $3, $4) RETURNING t.id"
+    assert plan.statement.sql == (
+        b"INSERT INTO t (a, b, c, d) VALUES ($1, $2, $3, $4) RETURNING t.id"
+    )
     assert plan.values({"a": "quiet", "b": False, "c": b"0f"}) == ["QUIET", False, b"0f", True]
     assert calls == ["a"]
     # not exactly the column's type (or None): the processor decides
-    assert plan.values({"a": "x", "b": 1, "c": bytearray(b"0f")}) == ["X", 1, bytearray(b"0f"), True]
+    given = {"a": "x", "b": 1, "c": bytearray(b"0f")}
+    assert plan.values(given) == ["X", 1, bytearray(b"0f"), True]
     assert calls == ["a", "a", "b", "c"]
