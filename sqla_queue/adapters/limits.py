@@ -10,14 +10,15 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, delete, func, insert, inspect, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from ..mixins import Status, status_is
 
 if TYPE_CHECKING:
     from .base import Adapter
 
-__all__ = ["LimitQueries", "RateBuckets"]
+__all__ = ["FORGET_LIMIT", "LimitQueries", "RateBuckets"]
 
 
 class LimitQueries:
@@ -49,8 +50,10 @@ class RateBuckets:
     key of a fair worker's column: ``sqla_queue/fairness.py``), kept in a
     row of the queue's configuration table (``setting_name`` ``rate:<hash
     of queue and subject>``, ``value`` ``<tokens> <as of, epoch
-    seconds>``), read with a locking read and written in the claim's
-    transaction."""
+    seconds>``, ``unit`` ``<tokens a second>/s``), read with a locking read
+    and written in the claim's transaction. A bucket full by now is what
+    no row means: the purge deletes those (:meth:`forget_full`), so a key
+    seen once does not keep a row forever."""
 
     def __init__(
         self,
@@ -103,21 +106,79 @@ class RateBuckets:
         return tokens, at
 
     def write(
-        self, conn: Connection, subject: str, tokens: float, at: float, *, exists: bool, note: str
+        self,
+        conn: Connection,
+        subject: str,
+        tokens: float,
+        at: float,
+        *,
+        rate: float,
+        exists: bool,
+        note: str,
     ) -> None:
-        """Store the bucket; ``note`` (the row's note when it is made) says
-        whose bucket it is."""
-        value = f"{tokens:.6f} {at:.6f}"
+        """Store the bucket (refilled at ``rate`` tokens a second); ``note``
+        (the row's note when it is made) says whose bucket it is."""
+        value, unit = f"{tokens:.6f} {at:.6f}", f"{rate:.12g}{_PER_SECOND}"
         if exists:
-            conn.execute(update(self.settings).where(*self._where(subject)).values(value=value))
+            conn.execute(
+                update(self.settings).where(*self._where(subject)).values(value=value, unit=unit)
+            )
             return
         row = {
             "setting_name": self.name(subject),
             "value": value,
-            "unit": None,
+            "unit": unit,
             "casted_as": "TEXT",
             "note": note,
         }
         if self.ready():
             row["queue_name"] = self.queue
         conn.execute(insert(self.settings).values(**row))
+
+    def forget_full(self, conn: Connection, now: float, *, dry_run: bool = False) -> int:
+        """Delete this queue's buckets that are full by ``now`` (the
+        database's clock, epoch seconds), in the caller's transaction: up to
+        ``FORGET_LIMIT`` of them; how many (would be, with ``dry_run``).
+
+        Full is what a missing row means to the claim (``limits.py``), with
+        a second's margin. A row is deleted only with the value read here:
+        a bucket written meanwhile (a claim took tokens) stays. Rows without
+        a rate (written before it was kept, or by hand) stay too."""
+        if not inspect(conn).has_table(self.settings.name, schema=self.settings.schema):
+            return 0
+        c = self.settings.c
+        where: list[ColumnElement[bool]] = [
+            c.setting_name.like("rate:%"),
+            c.unit.like(f"%{_PER_SECOND}"),
+        ]
+        if self.ready():
+            where.append(c.queue_name == self.queue)
+        rows = conn.execute(
+            select(c.setting_name, c.value, c.unit).where(*where).limit(FORGET_LIMIT)
+        ).all()
+        full = [(name, value) for name, value, unit in rows if _full(value, unit, now)]
+        if full and not dry_run:
+            delete_one = delete(self.settings).where(
+                c.setting_name == bindparam("name"), c.value == bindparam("value"), *where[2:]
+            )
+            conn.execute(delete_one, [{"name": name, "value": value} for name, value in full])
+        return len(full)
+
+
+#: buckets :meth:`RateBuckets.forget_full` looks at in one call
+FORGET_LIMIT = 10_000
+_PER_SECOND = "/s"
+
+
+def _full(value: str | None, unit: str | None, now: float) -> bool:
+    """Whether a bucket row (``value``, ``unit``) is full by ``now``, a
+    second's margin beyond (see ``limits.claim_within_rate``: up to a
+    second's worth of tokens, at least one)."""
+    try:
+        tokens, at = (float(part) for part in str(value).split())
+        rate = float(str(unit).removesuffix(_PER_SECOND))
+    except ValueError:
+        return False
+    if not rate > 0:
+        return False
+    return tokens + (now - at - 1.0) * rate >= max(1.0, rate)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Engine, Table
 
 from ..adapters import Adapter
+from ..adapters.limits import RateBuckets
 from ..leases import LeasePolicy
 from ..manager import TaskManager
 from ..resolution import Effective
@@ -72,10 +73,12 @@ def build_routines(
     before_delete: BeforeDelete | None = None,
     periodic: Sequence[Periodic] = (),
     markers: Table | None = None,
+    buckets: RateBuckets | None = None,
 ) -> list[Routine]:
     """The routines of a worker: the five of the seed and PEQ, and the
     periodic tasks' when it declares any (``markers``: the configuration
-    table that keeps their last occurrences)."""
+    table that keeps their last occurrences); ``buckets``: its rate limits'
+    token buckets, whose full ones the purge deletes."""
     clock = clock or SystemClock()
     rescue_schedule: Schedule = effective["rescue_schedule"] or Every(lease.rescue_every_seconds)
     routines: list[Routine] = [
@@ -100,6 +103,7 @@ def build_routines(
                 before_delete=before_delete,
             ),
             clock=clock,
+            buckets=buckets,
         ),
         TtlRoutine(
             engine,

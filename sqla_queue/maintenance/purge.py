@@ -17,6 +17,11 @@ each indexed), and the closed old ones are deleted in chunks of about
 ``QUEUE_PURGE_LIMIT`` rows, a transaction each, at most
 ``QUEUE_PURGE_ROUND_LIMIT`` chunks per round.
 
+A worker with rate limits also hands the purge its token buckets
+(``adapters/limits.py``): after the chains, one transaction deletes the
+buckets full by now (what no row means), so a key seen once does not keep
+a row of the configuration table forever.
+
 ``before_delete(conn, table, chain_ids)`` runs in each chunk's transaction
 just before its ``DELETE``, with the first-attempt ids of the chunk's
 chains; it may read and copy them (an archive). If it raises, the chunk's
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, Table
 
 from ..adapters import Adapter
+from ..adapters.limits import LimitQueries, RateBuckets
 from ..adapters.maintenance import FamilyRow, family_key
 from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
 from ..mixins import OPEN_STATUSES
@@ -101,9 +107,12 @@ class PurgeRoutine(Routine):
         config: PurgeConfig | None = None,
         *,
         clock: Clock | None = None,
+        buckets: RateBuckets | None = None,
     ) -> None:
         super().__init__(engine, adapter, schedule, clock=clock)
         self.config = config or PurgeConfig()
+        #: the rate limits' token buckets, whose full ones go too (None: none)
+        self.buckets = buckets
 
     def _round(self, dry_run: bool) -> RoutineResult:
         config = self.config
@@ -152,7 +161,18 @@ class PurgeRoutine(Routine):
                     self._advanced(counts["rows"], counts)
                 if error is not None:
                     break
+        if self.buckets is not None and error is None:
+            try:
+                counts["rate_buckets"] = self._forget_full_buckets(self.buckets, dry_run)
+            except Exception as exc:
+                error = describe_error(exc)
+                logger.error("purge of the rate limit buckets stopped: %s", error)
         return RoutineResult(self.name, counts, dry_run=dry_run, error=error)
+
+    def _forget_full_buckets(self, buckets: RateBuckets, dry_run: bool) -> int:
+        with self.adapter.connect_maintenance(self.engine) as conn, conn.begin():
+            now = LimitQueries(self.adapter).now(conn).timestamp()  # the buckets' clock
+            return buckets.forget_full(conn, now, dry_run=dry_run)
 
     def _families(self, conn: Connection, keys: list[int]) -> list[_Family]:
         if not keys:

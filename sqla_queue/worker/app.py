@@ -206,6 +206,7 @@ class QueueApp:
                 before_delete=cls.purge_before_delete,
                 periodic=cls.periodic,
                 markers=configuration_table_of(model) if cls.periodic else None,
+                buckets=self._buckets,
             ),
             self.routine_lock(),
             clock=self.clock,

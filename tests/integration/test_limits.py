@@ -258,3 +258,91 @@ def test_a_throttled_lane_waits_for_its_next_token_not_for_a_wake_up(
             lambda: listening(engine, app.Task.__table__.name), message="the worker to LISTEN"
         )
         stop_gracefully(workers)
+
+
+def test_the_purge_deletes_the_rate_buckets_that_are_full_and_keeps_the_others(
+    engine: Engine, app: App
+) -> None:
+    """A bucket full by now is what no row means: the purge deletes it
+    (``rate_buckets`` in its counts; a dry run counts and keeps it). A
+    bucket still refilling stays, and so does a row without its rate
+    (written before the rate was kept). The next claim of a forgotten
+    bucket finds it full."""
+    from sqla_queue.adapters import adapter_of
+    from sqla_queue.adapters.limits import LimitQueries, RateBuckets
+    from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
+    from sqla_queue.limits import claim_within_rate
+    from sqla_queue.maintenance import Every, PurgeRoutine
+
+    settings = configuration_table_of(app.Task)
+    ensure_table(engine, settings)
+    adapter = adapter_of(engine.dialect, app.Task.__table__)
+
+    def prepare() -> bool:
+        with engine.connect() as conn:
+            return has_queue_name(conn, settings)
+
+    buckets = RateBuckets(settings, app.Task.__table__.name, prepare=prepare)
+    clock = LimitQueries(adapter)
+
+    def claim(subject: str, rate: float, want: int) -> int:
+        with engine.begin() as conn:
+            now = clock.now(conn).timestamp()
+            taken, _ = claim_within_rate(
+                conn, buckets, subject, rate, now, want, lambda n: [object()] * n, note="test"
+            )
+            return len(taken)
+
+    assert claim("fast", 1000.0, 3) == 3  # full again 3 ms later
+    assert claim("slow", 0.001, 1) == 1  # full again in 1,000 s
+    with engine.begin() as conn:  # a row from before the rate was kept: stays
+        conn.execute(
+            settings.insert().values(
+                setting_name=buckets.name("old"),
+                queue_name=app.Task.__table__.name,
+                value="0 0",
+                casted_as="TEXT",
+            )
+        )
+
+    def names() -> set[str]:
+        with engine.connect() as conn:
+            found = conn.execute(select(settings.c.setting_name)).scalars()
+            return {name for name in found if name.startswith("rate:")}
+
+    every = {buckets.name(subject) for subject in ("fast", "slow", "old")}
+    assert names() == every
+    # the bucket's clock is the database's: wait on it, past the second's margin
+    with engine.connect() as conn:
+        written = clock.now(conn).timestamp()
+
+    def later() -> bool:
+        with engine.connect() as conn:
+            return clock.now(conn).timestamp() > written + 1.1
+
+    wait_until(later, timeout=10, message="the database clock to move on")
+    purge = PurgeRoutine(engine, adapter, Every(3600), buckets=buckets)
+    assert purge.run_once(dry_run=True).counts["rate_buckets"] == 1
+    assert names() == every
+    result = purge.run_once()
+    assert result.error is None
+    assert result.counts["rate_buckets"] == 1
+    assert names() == every - {buckets.name("fast")}
+    # forgotten is full: the next claim may take a whole second's worth
+    assert claim("fast", 1000.0, 2000) == 1000
+    assert claim("slow", 0.001, 1) == 0  # still refilling
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_rate_limited_workers_purge_has_its_buckets(engine: Engine, app: App) -> None:
+    """The composition root hands the purge the worker's buckets (what
+    ``sqla-queue maintenance run purge`` and the scheduled purge run); a
+    worker without rate limits has none to purge."""
+
+    class Rated(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        rate_limits: ClassVar[dict[str, float]] = {"medido": 5.0}
+
+    for worker, has in ((Rated, True), (app.RecordingWorker, False)):
+        queue = QueueApp(worker(), engine=engine, settings=Settings())
+        purge = queue.maintenance.routines["purge"]
+        assert (getattr(purge, "buckets", None) is not None) is has, worker
