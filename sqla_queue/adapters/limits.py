@@ -135,17 +135,21 @@ class RateBuckets:
             row["queue_name"] = self.queue
         conn.execute(insert(self.settings).values(**row))
 
-    def forget_full(self, conn: Connection, now: float, *, dry_run: bool = False) -> int:
+    def forget_full(
+        self, conn: Connection, now: float, *, after: str = "", dry_run: bool = False
+    ) -> tuple[int, str | None]:
         """Delete this queue's buckets that are full by ``now`` (the
-        database's clock, epoch seconds), in the caller's transaction: up to
-        ``FORGET_LIMIT`` of them; how many (would be, with ``dry_run``).
+        database's clock, epoch seconds) among the next ``FORGET_LIMIT``
+        rows by name from ``after``, in the caller's transaction; how many
+        (would be, with ``dry_run``), and the name to go on after (None:
+        the last page).
 
         Full is what a missing row means to the claim (``limits.py``), with
         a second's margin. A row is deleted only with the value read here:
         a bucket written meanwhile (a claim took tokens) stays. Rows without
         a rate (written before it was kept, or by hand) stay too."""
         if not inspect(conn).has_table(self.settings.name, schema=self.settings.schema):
-            return 0
+            return 0, None
         c = self.settings.c
         where: list[ColumnElement[bool]] = [
             c.setting_name.like("rate:%"),
@@ -154,7 +158,10 @@ class RateBuckets:
         if self.ready():
             where.append(c.queue_name == self.queue)
         rows = conn.execute(
-            select(c.setting_name, c.value, c.unit).where(*where).limit(FORGET_LIMIT)
+            select(c.setting_name, c.value, c.unit)
+            .where(*where, c.setting_name > after)
+            .order_by(c.setting_name)
+            .limit(FORGET_LIMIT)
         ).all()
         full = [(name, value) for name, value, unit in rows if _full(value, unit, now)]
         if full and not dry_run:
@@ -162,11 +169,11 @@ class RateBuckets:
                 c.setting_name == bindparam("name"), c.value == bindparam("value"), *where[2:]
             )
             conn.execute(delete_one, [{"name": name, "value": value} for name, value in full])
-        return len(full)
+        return len(full), (rows[-1][0] if len(rows) == FORGET_LIMIT else None)
 
 
-#: buckets :meth:`RateBuckets.forget_full` looks at in one call
-FORGET_LIMIT = 10_000
+#: buckets :meth:`RateBuckets.forget_full` looks at in one call (one transaction)
+FORGET_LIMIT = 1_000
 _PER_SECOND = "/s"
 
 

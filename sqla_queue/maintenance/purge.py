@@ -170,9 +170,17 @@ class PurgeRoutine(Routine):
         return RoutineResult(self.name, counts, dry_run=dry_run, error=error)
 
     def _forget_full_buckets(self, buckets: RateBuckets, dry_run: bool) -> int:
-        with self.adapter.connect_maintenance(self.engine) as conn, conn.begin():
-            now = LimitQueries(self.adapter).now(conn).timestamp()  # the buckets' clock
-            return buckets.forget_full(conn, now, dry_run=dry_run)
+        """Every page of the buckets, a transaction each; how many went."""
+        forgotten = 0
+        after: str | None = ""
+        clock = LimitQueries(self.adapter)
+        with self.adapter.connect_maintenance(self.engine) as conn:
+            while after is not None:
+                with conn.begin():
+                    now = clock.now(conn).timestamp()  # the buckets' clock
+                    count, after = buckets.forget_full(conn, now, after=after, dry_run=dry_run)
+                forgotten += count
+        return forgotten
 
     def _families(self, conn: Connection, keys: list[int]) -> list[_Family]:
         if not keys:

@@ -346,3 +346,51 @@ def test_a_rate_limited_workers_purge_has_its_buckets(engine: Engine, app: App) 
         queue = QueueApp(worker(), engine=engine, settings=Settings())
         purge = queue.maintenance.routines["purge"]
         assert (getattr(purge, "buckets", None) is not None) is has, worker
+
+
+def test_the_bucket_purge_goes_through_every_page(
+    engine: Engine, app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buckets still refilling at the start of the names do not hide the
+    full ones after them: the purge reads page after page (two rows a page
+    here), a transaction each."""
+    import sqla_queue.adapters.limits as bucket_module
+    from sqla_queue.adapters import adapter_of
+    from sqla_queue.adapters.limits import LimitQueries, RateBuckets
+    from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
+    from sqla_queue.maintenance import Every, PurgeRoutine
+
+    monkeypatch.setattr(bucket_module, "FORGET_LIMIT", 2)
+    settings = configuration_table_of(app.Task)
+    ensure_table(engine, settings)
+    adapter = adapter_of(engine.dialect, app.Task.__table__)
+    with engine.connect() as conn:
+        scoped = has_queue_name(conn, settings)
+        now = LimitQueries(adapter).now(conn).timestamp()
+    buckets = RateBuckets(settings, app.Task.__table__.name, scoped=scoped)
+    # names in order: two refilling (slow, just written), then three full
+    # (fast, written an hour ago), then one refilling
+    rows = [("rate:0", 0.001, now), ("rate:1", 0.001, now)]
+    rows += [(f"rate:{n}", 1000.0, now - 3600) for n in (2, 3, 4)]
+    rows += [("rate:5", 0.001, now)]
+    with engine.begin() as conn:
+        for name, rate, at in rows:
+            conn.execute(
+                settings.insert().values(
+                    setting_name=name,
+                    queue_name=app.Task.__table__.name,
+                    value=f"0 {at:.6f}",
+                    unit=f"{rate:.12g}/s",
+                    casted_as="TEXT",
+                )
+            )
+    result = PurgeRoutine(engine, adapter, Every(3600), buckets=buckets).run_once()
+    assert result.error is None
+    assert result.counts["rate_buckets"] == 3
+    with engine.connect() as conn:
+        left = conn.execute(select(settings.c.setting_name)).scalars().all()
+    assert sorted(name for name in left if name.startswith("rate:")) == [
+        "rate:0",
+        "rate:1",
+        "rate:5",
+    ]
