@@ -11,10 +11,8 @@
 # sqla-queue from this checkout's .venv. Prints the median jobs/s of each
 # system and its ratio to the best peer; JSON per run under $OUT.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
-HARNESS=$(cd "${BENCH_HARNESS:-$ROOT/../shared/bench}" && pwd)
-VENVS=${VENVS:-/tmp/bench-venvs}
+source "$(dirname "$0")/harness.sh"
+cd "$ROOT"
 ROUNDS=${ROUNDS:-5}
 N=${N:-5000}
 SYSTEMS=(${SYSTEMS:-sqla_queue sqla_queue_client pgqueuer procrastinate nsj})
@@ -22,13 +20,9 @@ OUT=${OUT:-$(mktemp -d /tmp/enqueue_compare.XXXXXX)}
 mkdir -p "$OUT"
 
 run() {  # system round
-  local s=$1 r=$2 py adapter path
-  case $s in
-    sqla_queue | sqla_queue_client)
-      py=$ROOT/.venv/bin/python adapter=${s}_adapter path=$ROOT/benchmarks/peers ;;
-    *) py=$VENVS/$s/bin/python adapter=adapters.${s}_adapter path= ;;
-  esac
-  (cd "$HARNESS" && PYTHONPATH="$path${path:+:}$HARNESS" "$py" driver.py --adapter "$adapter" \
+  local s=$1 r=$2
+  harness_system "$s"
+  (cd "$HARNESS" && PYTHONPATH=$PYPATH "$PY" driver.py --adapter "$ADAPTER" \
     --db "bench_$s" --reps 1 --only a --n-txn "$N" --out "$OUT/$s.$r.json" >/dev/null 2>&1) \
     || echo "enqueue_compare: $s failed in round $r" >&2
 }

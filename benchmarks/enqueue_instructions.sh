@@ -10,24 +10,18 @@
 #   benchmarks/enqueue_instructions.sh
 #   N=2000 SYSTEMS="sqla_queue_client nsj" benchmarks/enqueue_instructions.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
-HARNESS=$(cd "${BENCH_HARNESS:-$ROOT/../shared/bench}" && pwd)
-VENVS=${VENVS:-/tmp/bench-venvs}
+source "$(dirname "$0")/harness.sh"
+cd "$ROOT"
 N=${N:-1000}
 SYSTEMS=(${SYSTEMS:-sqla_queue sqla_queue_client pgqueuer procrastinate nsj})
 OUT=$(mktemp -d /tmp/enqueue_instructions.XXXXXX)
 
 count() {  # system n -> instructions of the whole run
-  local s=$1 n=$2 py adapter path
-  case $s in
-    sqla_queue | sqla_queue_client)
-      py=$ROOT/.venv/bin/python adapter=${s}_adapter path=$ROOT/benchmarks/peers ;;
-    *) py=$VENVS/$s/bin/python adapter=adapters.${s}_adapter path= ;;
-  esac
-  (cd "$HARNESS" && PYTHONPATH="$path${path:+:}$HARNESS" valgrind --tool=callgrind \
-    --callgrind-out-file=/dev/null "$py" "$ROOT/benchmarks/enqueue_loop.py" \
-    --adapter "$adapter" --db "bench_insn_${s}_$n" --n "$n" >"$OUT/$s.$n.log" 2>&1) \
+  local s=$1 n=$2
+  harness_system "$s"
+  (cd "$HARNESS" && PYTHONPATH=$PYPATH valgrind --tool=callgrind \
+    --callgrind-out-file=/dev/null "$PY" "$ROOT/benchmarks/enqueue_loop.py" \
+    --adapter "$ADAPTER" --db "bench_insn_${s}_$n" --n "$n" >"$OUT/$s.$n.log" 2>&1) \
     || { echo "enqueue_instructions: $s failed (see $OUT/$s.$n.log)" >&2; return 1; }
   sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$OUT/$s.$n.log"
 }
