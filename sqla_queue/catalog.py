@@ -157,7 +157,7 @@ class EnvFlag:
         self.name = name
         self.default = default
         self.last: tuple[Any, bool] = (None, default)
-        #: the name as ``os.environ`` keeps it (see :func:`_environ_value`)
+        #: the name as ``os.environ`` keeps it (see ``_ENVIRON_VALUE`` below)
         self.key = _ENVIRON_KEY(name)
 
     def __call__(self) -> bool:

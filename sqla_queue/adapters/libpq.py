@@ -319,22 +319,15 @@ def _round_trip(connection: Any, commands: list[_Command]) -> list[Any]:
         for send, args in commands:
             send(*args)
         pgconn.pipeline_sync()
-        results: list[Any] = connection.wait(_pipeline_results(pgconn, len(commands)))
+        results = [connection.wait(generators.execute(pgconn))[-1]]
+        for _ in commands[1:]:
+            results.append(connection.wait(generators.fetch_many(pgconn))[-1])
+        connection.wait(generators.fetch_many(pgconn))  # the sync point
     finally:
         try:
             pgconn.exit_pipeline_mode()
         except psycopg.Error:
             connection.close()
-    return results
-
-
-def _pipeline_results(pgconn: Any, count: int) -> Any:
-    """psycopg's generators for ``count`` commands sent in pipeline mode
-    and their sync point, driven by one wait: each command's last result."""
-    results = [(yield from generators.execute(pgconn))[-1]]
-    for _ in range(count - 1):
-        results.append((yield from generators.fetch_many(pgconn))[-1])
-    yield from generators.fetch_many(pgconn)  # the sync point
     return results
 
 

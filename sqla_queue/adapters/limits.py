@@ -82,11 +82,11 @@ class RateBuckets:
         return self.scoped
 
     def _where(self, subject: str) -> list[Any]:
-        c = self.settings.c
-        where = [c.setting_name == self.name(subject)]
-        if self.ready():
-            where.append(c.queue_name == self.queue)
-        return where
+        return [self.settings.c.setting_name == self.name(subject), *self._scope()]
+
+    def _scope(self) -> list[ColumnElement[bool]]:
+        """This queue's rows (none to name on a table without ``queue_name``)."""
+        return [self.settings.c.queue_name == self.queue] if self.ready() else []
 
     def name(self, subject: str) -> str:
         digest = hashlib.sha256(f"{self.queue}\0{subject}".encode()).hexdigest()[:40]
@@ -151,22 +151,22 @@ class RateBuckets:
         if not inspect(conn).has_table(self.settings.name, schema=self.settings.schema):
             return 0, None
         c = self.settings.c
-        where: list[ColumnElement[bool]] = [
-            c.setting_name.like("rate:%"),
-            c.unit.like(f"%{_PER_SECOND}"),
-        ]
-        if self.ready():
-            where.append(c.queue_name == self.queue)
+        scope = self._scope()
         rows = conn.execute(
             select(c.setting_name, c.value, c.unit)
-            .where(*where, c.setting_name > after)
+            .where(
+                c.setting_name.like("rate:%"),
+                c.unit.like(f"%{_PER_SECOND}"),
+                c.setting_name > after,
+                *scope,
+            )
             .order_by(c.setting_name)
             .limit(FORGET_LIMIT)
         ).all()
         full = [(name, value) for name, value, unit in rows if _full(value, unit, now)]
         if full and not dry_run:
             delete_one = delete(self.settings).where(
-                c.setting_name == bindparam("name"), c.value == bindparam("value"), *where[2:]
+                c.setting_name == bindparam("name"), c.value == bindparam("value"), *scope
             )
             conn.execute(delete_one, [{"name": name, "value": value} for name, value in full])
         return len(full), (rows[-1][0] if len(rows) == FORGET_LIMIT else None)
