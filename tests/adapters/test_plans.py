@@ -32,7 +32,7 @@ from sqlalchemy import Engine, create_engine, event, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
-from sqla_queue.adapters import ClaimFilter, adapter_for
+from sqla_queue.adapters import ClaimFilter, adapter_for, adapter_of
 from sqla_queue.adapters.fairness import FairnessQueries
 from sqla_queue.adapters.inspection import InspectionQueries
 from sqla_queue.adapters.limits import LimitQueries
@@ -329,6 +329,52 @@ def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> No
     assert all("Sort" not in plan for plan in claims)
     assert any(f"ix_{table}_pendente_processo" in plan for plan in claims)
     assert _pg_full_scans(seen) == []
+
+
+@pytest.mark.parametrize("analyse", [False, True], ids=["vacuumed", "vacuumed-and-analysed"])
+def test_postgresql_claim_keeps_its_cached_plan_on_a_measured_table(
+    pg_url: str, analyse: bool
+) -> None:
+    """Once a VACUUM (or ANALYZE) has told the planner how big the table
+    is, the claim still runs on the plan PostgreSQL cached for it, not
+    planned again at every execution (``plan_cache_mode`` at its default).
+    With its LIMIT bound, the generic plan reckoned with a tenth of the
+    table, the plan cache took a custom plan every time, and the worker's
+    latency grew with the table under the vacuum routine (docs/benchmarks.md)."""
+    app = build(f"fila_{uuid.uuid4().hex[:10]}")
+    table = app.Task.__tablename__
+    engine = create_engine(
+        pg_url, connect_args={"prepare_threshold": 0}, pool_size=1, max_overflow=0
+    )
+    app.Base.metadata.create_all(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"INSERT INTO {table} (processo, status) "
+                    "SELECT 'velho', 'sucesso' FROM generate_series(1, 50000)"
+                )
+            )
+            QueueClient(conn, app.Task).insert_tasks([{"processo": "faturar"}] * 30)
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"VACUUM {'(ANALYZE) ' if analyse else ''}{table}"))
+        adapter = adapter_of(engine.dialect, app.Task.__table__)
+        with engine.connect() as conn:  # the pool's one connection: its prepared statements
+            for _ in range(20):
+                with conn.begin():
+                    claimed = adapter.task_claim_many(conn, limit=1, owner="w", lease_seconds=60)
+                    assert len(claimed) == 1
+            plans = conn.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE 'UPDATE%SKIP LOCKED%'"
+                )
+            ).all()
+    finally:
+        app.Base.metadata.drop_all(engine)
+        engine.dispose()
+    assert plans, "the claim was not prepared"
+    assert all(generic >= 10 and custom <= 5 for generic, custom in plans), plans
 
 
 # ------------------------------------------------------------------ MariaDB, SQLite
