@@ -83,6 +83,7 @@ OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
 SESSION_SETTINGS = (
     ("enable_seqscan", "off", (0,)),
     ("jit", "off", (11,)),
+    ("plan_cache_mode", "force_generic_plan", (12,)),
     ("idle_session_timeout", "0", (14,)),
 )
 _SESSION_MARK = "sqla_queue_session"
@@ -519,6 +520,13 @@ class PostgresAdapter(Adapter):
           and PostgreSQL then compiled the claim at every run: 630 ms of
           JIT for a claim of an empty table, measured. Our statements read
           a few rows; JIT never pays for them.
+        - ``plan_cache_mode = force_generic_plan`` (PostgreSQL 12+): a
+          prepared statement keeps the one plan made for it, whose index
+          use tests/adapters/test_plans.py checks. Left to choose, once a
+          VACUUM had told the planner the table's size the plan cache
+          switched the claim to custom plans, made at every execution:
+          the long-horizon latency at ``--batch-size 1`` then grew with
+          the table (docs/benchmarks.md, (g)).
         - ``idle_session_timeout = 0`` (PostgreSQL 14+): a lane's claim
           connection is idle while its handlers run, and holds their
           per-task locks; a server that ends idle sessions would free them

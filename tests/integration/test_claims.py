@@ -560,9 +560,9 @@ def test_the_worker_connections_session_settings_go_back_to_the_servers_at_check
     if engine.dialect.name == "postgresql":
         query = (
             "SELECT current_setting('idle_session_timeout'), current_setting('enable_seqscan'), "
-            "current_setting('jit')"
+            "current_setting('jit'), current_setting('plan_cache_mode')"
         )
-        own, server = ("0", "off", "off"), ("0", "on", "on")
+        own, server = ("0", "off", "off", "force_generic_plan"), ("0", "on", "on", "auto")
     else:
         query = "SELECT @@SESSION.wait_timeout = @@GLOBAL.wait_timeout, @@SESSION.wait_timeout"
         own, server = (0, 31_536_000), (1, None)
