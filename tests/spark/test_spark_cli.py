@@ -206,6 +206,7 @@ session.stop()
 """
 
 
+@pytest.mark.timeout(300)  # a JVM of its own: 61 s on a quiet machine, over 120 under load
 @pytest.mark.parametrize("jdbc_url", ["mysql"], indirect=True)
 def test_spark_session_from_python_adds_the_installed_jdbc_jars(
     jdbc_app: tuple[App, Engine], tmp_path: Path
