@@ -31,6 +31,7 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
     event,
     false,
     literal_column,
@@ -39,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from .exceptions import ConfigurationError, UnpreparedTaskError
 from .identifiers import derived_identifier, validate_identifier
@@ -104,6 +105,17 @@ def status_literal(status: Status | str) -> ColumnElement[str]:
     good. The values are the six constants of :class:`Status`, so writing
     them inline is safe (``Status(status)`` refuses anything else)."""
     return literal_column(f"'{Status(status).value}'", String)
+
+
+def inline_count(name: str = "limit", big: bool = False) -> BindParameter[int]:
+    """A row count (``LIMIT``, a batch size) written into the SQL text at
+    execution, one statement per value, never bound.
+
+    A prepared statement's generic plan cannot know a bound ``LIMIT`` and
+    reckons with a tenth of the table, so PostgreSQL's plan cache re-plans
+    it at every execution after a ``VACUUM`` (docs/benchmarks.md (g)).
+    MariaDB refuses a bound ``LIMIT`` inside some subqueries."""
+    return bindparam(name, type_=BigInteger if big else Integer, literal_execute=True)
 
 
 #: a chain with a row in one of these is still running or waiting to run

@@ -10,9 +10,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sqlalchemy import BigInteger, Connection, Integer, bindparam, false, select, update
+from sqlalchemy import BigInteger, Connection, bindparam, false, select, update
 
-from ..mixins import Status, status_is
+from ..mixins import Status, inline_count, status_is
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class ActionQueries:
             )
         )
         before = bindparam("before", type_=UtcDateTime())
-        limit = bindparam("limit", type_=Integer, literal_execute=True)
+        limit = inline_count()
         self._waiting_of_process = [
             select(c.id)
             .where(

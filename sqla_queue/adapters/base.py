@@ -31,7 +31,6 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 from sqlalchemy import (
     Connection,
     Engine,
-    Integer,
     Table,
     and_,
     bindparam,
@@ -50,7 +49,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
-from ..mixins import OWN_COLUMNS, Status, status_is
+from ..mixins import OWN_COLUMNS, Status, inline_count, status_is
 from ..records import TaskRecord
 from ..rows import SUCCESS_MESSAGE
 from ..types import UtcDateTime, utcnow
@@ -413,7 +412,7 @@ class Adapter:
             select(c.id)
             .where(status_is(c.status, Status.PROCESSING), self._lease_lost())
             .order_by(c.id)
-            .limit(bindparam("limit", type_=Integer, literal_execute=True))
+            .limit(inline_count())
         )
         self._next_due = select(func.min(c.data_hora)).where(status_is(c.status, Status.SCHEDULED))
         self._payloads = select(c.id, c.payload).where(self._id_in("ids"))

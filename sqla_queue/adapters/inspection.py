@@ -30,7 +30,6 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
-    Integer,
     bindparam,
     case,
     false,
@@ -40,7 +39,7 @@ from sqlalchemy import (
     union_all,
 )
 
-from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, status_is, status_literal
+from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is, status_literal
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ class InspectionQueries:
         # ``size`` ids (status_summary.py), with what is kept of each range:
         # its smallest id and newest finish
         low, high = bindparam("low", type_=BigInteger), bindparam("high", type_=BigInteger)
-        size = bindparam("size", type_=BigInteger, literal_execute=True)
+        size = inline_count("size", big=True)
         self._closed_range = (
             select(
                 (c.id // size).label("k"),
@@ -117,7 +116,7 @@ class InspectionQueries:
             )
         )
         self._id_bounds = select(func.min(c.id), func.max(c.id))
-        limit = bindparam("limit", type_=Integer, literal_execute=True)
+        limit = inline_count()
         self._running = (
             select(
                 c.id,

@@ -12,10 +12,10 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Integer, bindparam, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, select, update
 
 from ..identifiers import derived_identifier
-from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, status_is
+from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class MaintenanceQueries:
         c = table.c
         self.skip_locked = adapter.skip_locked
         before = bindparam("before", type_=UtcDateTime())
-        limit = bindparam("limit", type_=Integer, literal_execute=True)
+        limit = inline_count()
         self._stale_pending = (
             select(c.id).where(status_is(c.status, Status.PENDING), c.data_hora <= before).limit(1)
         )

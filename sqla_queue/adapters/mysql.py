@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import SqlaQueueError
-from ..mixins import Status, status_is
+from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
 from .base import PROMOTE_CHUNK, Adapter
 from .locks import DatabaseRoutineLock, RoutineLock
@@ -84,7 +84,7 @@ class MySQLAdapter(Adapter):
             select(self.table)
             .where(*self._ready())
             .order_by(*self._claim_order)
-            .limit(self._limit_param())
+            .limit(inline_count())
         )
         self._mark_processing = (
             update(self.table)
@@ -112,7 +112,7 @@ class MySQLAdapter(Adapter):
             select(c.id)
             .where(status_is(c.status, Status.SCHEDULED), c.data_hora <= self.now())
             .order_by(c.data_hora, c.id)
-            .limit(self._limit_param())
+            .limit(inline_count())
         )
         self._promote_ids = (
             update(self.table)
@@ -122,9 +122,6 @@ class MySQLAdapter(Adapter):
 
     def _locking(self, statement: Any) -> Any:
         return statement.with_for_update(skip_locked=True) if self.skip_locked else statement
-
-    def _limit_param(self) -> Any:
-        return bindparam("limit", type_=Integer, literal_execute=True)
 
     def connect_claim(self, engine: Engine) -> Connection:
         # READ COMMITTED: the locking read takes no gap locks, so enqueuers

@@ -47,7 +47,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..exceptions import UnsupportedOperationError
-from ..mixins import Status, status_is
+from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
 from . import libpq
@@ -175,7 +175,7 @@ class PostgresAdapter(Adapter):
             select(c.id)
             .where(*self._ready())
             .order_by(*self._claim_order)
-            .limit(bindparam("limit", type_=Integer, literal_execute=True))
+            .limit(inline_count())
             .with_for_update(skip_locked=True)
         )
         initial = t.alias("inicial")

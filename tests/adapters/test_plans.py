@@ -313,10 +313,6 @@ def test_postgresql_plans_read_an_index(pg_url: str, mode: str, dead: int) -> No
         finally:
             app.Base.metadata.drop_all(engine)
     ours = [plan for query, plan in seen.plans if table in query]
-    import os
-
-    if os.environ.get("PLANS_DUMP"):
-        Path(os.environ["PLANS_DUMP"]).write_text("\n\n".join(ours))
     assert len(ours) > 40, "auto_explain reported too few plans: is it loaded?"
     claims = [
         plan for query, plan in seen.plans if "SKIP LOCKED" in query and "worker_id=" in query
