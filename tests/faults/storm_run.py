@@ -1,0 +1,109 @@
+"""A longer storm than the suite's fleet test, run by hand (not collected:
+its name does not start with ``test_``), for a change to the claim, the
+completion or the rescue::
+
+    STORM_MINUTES=4 SQLA_QUEUE_REQUIRE_DATABASES=1 .venv/bin/python -m pytest \
+        -q -s -p no:cacheprovider --timeout 800 tests/faults/storm_run.py
+
+Four CLI workers (two lanes each); for STORM_MINUTES, tasks keep arriving,
+one worker is SIGKILLed and replaced every few seconds, the server's
+backends are terminated now and then, and the server restarts twice.
+Then every chain must have finished exactly once with one effect.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from sqlalchemy.orm import Session
+
+from tests.acceptance.test_concurrency import (
+    Spawned,
+    effects,
+    insert_tasks,
+    statuses,
+    stop_gracefully,
+    worker_env,
+)
+from tests.conftest import WORKER_CLASSES, spawn_cli, wait_until
+from tests.support.app import build
+from tests.support.servers import PrivatePostgres
+
+OPEN = {"agendada", "pendente", "processando"}
+
+
+def test_storm(private_postgres: PrivatePostgres, table_name: str) -> None:
+    minutes = float(os.environ.get("STORM_MINUTES", "5"))
+    app = build(table_name)
+    engine = private_postgres.engine(pool_pre_ping=True)
+    app.Base.metadata.create_all(engine)
+    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE="3")
+    args = (
+        "worker",
+        WORKER_CLASSES["sync"]["recording"],
+        "--url",
+        private_postgres.url,
+        "--concurrency",
+        "2",
+        "--log-level",
+        "WARNING",
+    )
+    rng = random.Random(7)
+    workers = [Spawned(spawn_cli(*args, env=env)) for _ in range(4)]
+    ids: list[int] = []
+    kills = terminations = restarts = 0
+    try:
+        end = time.monotonic() + minutes * 60
+        restart_at = {int(minutes * 60 * 0.3), int(minutes * 60 * 0.7)}
+        start = time.monotonic()
+        tick = 0
+        while time.monotonic() < end:
+            try:
+                ids.extend(insert_tasks(engine, app, 300))
+            except Exception as exc:  # the server restarting: the batch rolled back
+                print("enqueue failed:", type(exc).__name__)
+                engine.dispose()
+            victim = rng.randrange(len(workers))
+            workers[victim].kill()
+            kills += 1
+            workers[victim] = Spawned(spawn_cli(*args, env=env))
+            if tick % 3 == 0:
+                private_postgres.terminate_backends()
+                terminations += 1
+            elapsed = int(time.monotonic() - start)
+            if any(elapsed >= r for r in restart_at):
+                restart_at = {r for r in restart_at if r > elapsed}
+                private_postgres.restart("fast" if restarts == 0 else "immediate")
+                engine.dispose()
+                restarts += 1
+            tick += 1
+            time.sleep(2)  # scratch pacing of the storm, not a wait for a condition
+        wait_until(
+            lambda: not OPEN & set(statuses(engine, app).values()),
+            timeout=180,
+            message="every task to finish",
+        )
+        stop_gracefully(workers)
+    finally:
+        for w in workers:
+            w.kill()
+    with Session(engine) as session:
+        rows = session.query(app.Task.id, app.Task.initial_id, app.Task.status).all()
+    finished = {task_id for task_id, _, status in rows if status == "sucesso"}
+    chains = sorted(
+        initial_id or task_id for task_id, initial_id, status in rows if status == "sucesso"
+    )
+    done = effects(engine, app)
+    by_status: dict[str, int] = {}
+    for _, _, status in rows:
+        by_status[status] = by_status.get(status, 0) + 1
+    print(
+        f"STORM: {len(ids)} tasks, {kills} SIGKILLs, {terminations} terminations, "
+        f"{restarts} restarts; rows {by_status}; chains done {len(chains)} "
+        f"distinct {len(set(chains))}; effects {len(done)}"
+    )
+    assert chains == sorted(ids)
+    assert sorted(task_id for task_id, _, _ in done) == sorted(finished)
+    engine.dispose()
