@@ -147,11 +147,15 @@ def server_url(kind: str) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``--dist loadgroup``: the Spark tests on one worker,
-    which starts the one SparkSession (a JVM) they share."""
+    """Under pytest-xdist's ``--dist loadgroup``: the Spark tests in two groups,
+    each on one worker that starts the SparkSession (a JVM) its group shares.
+    One group held them all until 2026-11-27 and was the suite's critical path
+    (about 650 s of its 720 on a slow VM); test_spark_archive.py, about
+    half of that time, is the other group."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            archive = item.path.name == "test_spark_archive.py"
+            item.add_marker(pytest.mark.xdist_group("spark-archive" if archive else "spark"))
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
