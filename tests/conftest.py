@@ -146,6 +146,10 @@ def server_url(kind: str) -> str:
     return url
 
 
+#: seconds a Spark test may take (pytest-timeout), setup included
+SPARK_TEST_TIMEOUT = 360
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup``: the Spark tests in two groups,
     each on one worker that starts the SparkSession (a JVM) its group shares.
@@ -156,6 +160,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "spark" in getattr(item, "fixturenames", ()):
             archive = item.path.name == "test_spark_archive.py"
             item.add_marker(pytest.mark.xdist_group("spark-archive" if archive else "spark"))
+            if item.get_closest_marker("timeout") is None:
+                # a JVM's jobs: 100 s quiet for the slowest (setup and call),
+                # past the 120 s default under a busy loop, and a timeout in
+                # the middle of a py4j call breaks the session its group shares
+                item.add_marker(pytest.mark.timeout(SPARK_TEST_TIMEOUT))
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
