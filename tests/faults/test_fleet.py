@@ -9,7 +9,10 @@ worker may exit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient
@@ -22,7 +25,7 @@ from tests.acceptance.test_concurrency import (
     worker_env,
 )
 from tests.conftest import WORKER_CLASSES, wait_until
-from tests.support.app import build
+from tests.support.app import App, build
 from tests.support.servers import PrivatePostgres
 
 OPEN = {"agendada", "pendente", "processando"}
@@ -93,6 +96,13 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
         )
         stop_gracefully(workers)
 
+    assert_each_chain_ran_once(engine, app, ids)
+    engine.dispose()
+
+
+def assert_each_chain_ran_once(engine: Engine, app: App, ids: list[int]) -> list[Any]:
+    """Each chain of ``ids`` finished once (0 lost, none twice) and each
+    finished attempt left one effect. Returns the rows (id, initial_id, status)."""
     with Session(engine) as session:
         rows = session.query(app.Task.id, app.Task.initial_id, app.Task.status).all()
     finished = {task_id for task_id, _, status in rows if status == "sucesso"}
@@ -100,9 +110,9 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
         initial_id or task_id for task_id, initial_id, status in rows if status == "sucesso"
     )
     done = effects(engine, app)
-    assert chains == sorted(ids)  # each chain finished once: 0 lost, none twice
-    assert sorted(task_id for task_id, _, _ in done) == sorted(finished)  # one effect each
-    engine.dispose()
+    assert chains == sorted(ids)
+    assert sorted(task_id for task_id, _, _ in done) == sorted(finished)
+    return list(rows)
 
 
 def test_a_rate_limited_worker_started_while_the_database_is_down_waits_for_it(
@@ -133,8 +143,7 @@ def test_a_rate_limited_worker_started_while_the_database_is_down_waits_for_it(
         private_postgres.start()
         with engine.begin() as conn:
             ids = QueueClient(conn, app.Task).insert_tasks(
-                {"process": "bulk", "tenant": n % 3 or None, "payload": {"n": n}}
-                for n in range(60)
+                {"process": "bulk", "tenant": n % 3 or None, "payload": {"n": n}} for n in range(60)
             )
         wait_until(
             lambda: set(statuses(engine, app).values()) == {"sucesso"},
