@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections import Counter
 
 from tests.acceptance.test_concurrency import (
     Spawned,
@@ -25,11 +26,9 @@ from tests.acceptance.test_concurrency import (
     worker_env,
 )
 from tests.conftest import WORKER_CLASSES, spawn_cli, wait_until
-from tests.faults.test_fleet import assert_each_chain_ran_once
+from tests.faults.test_fleet import OPEN, assert_each_chain_ran_once
 from tests.support.app import build
 from tests.support.servers import PrivatePostgres
-
-OPEN = {"agendada", "pendente", "processando"}
 
 
 def test_storm(private_postgres: PrivatePostgres, table_name: str) -> None:
@@ -70,7 +69,7 @@ def test_storm(private_postgres: PrivatePostgres, table_name: str) -> None:
                 engine.dispose()
                 restarts += 1
             tick += 1
-            time.sleep(2)  # scratch pacing of the storm, not a wait for a condition
+            time.sleep(2)  # the storm's pace, not a wait for a condition
         wait_until(
             lambda: not OPEN & set(statuses(engine, app).values()),
             timeout=180,
@@ -81,12 +80,10 @@ def test_storm(private_postgres: PrivatePostgres, table_name: str) -> None:
         for w in workers:
             w.kill()
     rows = assert_each_chain_ran_once(engine, app, ids)
-    by_status: dict[str, int] = {}
-    for _, _, status in rows:
-        by_status[status] = by_status.get(status, 0) + 1
-    chains = sum(1 for _, _, status in rows if status == "sucesso")
+    by_status = Counter(status for _, _, status in rows)
     print(
         f"STORM: {len(ids)} tasks, {kills} SIGKILLs, {terminations} terminations, "
-        f"{restarts} restarts; rows {by_status}; {chains} chains finished once each"
+        f"{restarts} restarts; rows {dict(by_status)}; "
+        f"{by_status['sucesso']} chains finished once each"
     )
     engine.dispose()
