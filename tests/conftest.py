@@ -150,12 +150,14 @@ def server_url(kind: str) -> str:
 SPARK_TEST_TIMEOUT = 360
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup``: the Spark tests in two groups,
-    each on one worker that starts the SparkSession (a JVM) its group shares.
-    One group held them all until 2026-11-27 and was the suite's critical path
-    (about 650 s of its 720 on a slow VM); test_spark_archive.py, about
-    half of that time, is the other group."""
+    each on one worker that starts the SparkSession (a JVM) its group shares;
+    test_spark_archive.py is one group. First of the hook's implementations:
+    pytest-xdist's own reads the groups (on each worker, into the test ids),
+    and until 2026-11-27 it ran before this one and saw none, so every
+    worker started a SparkSession of its own."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             archive = item.path.name == "test_spark_archive.py"
@@ -165,6 +167,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 # past the 120 s default under a busy loop, and a timeout in
                 # the middle of a py4j call breaks the session its group shares
                 item.add_marker(pytest.mark.timeout(SPARK_TEST_TIMEOUT))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """On pytest-xdist's controller, each worker's collected test ids: every
+    test of test_spark_archive.py takes the ``spark`` fixture, so each id
+    must end in its group. One without it has lost its group (as with
+    pytest 9.2 and pytest-xdist 3.8: pytest-dev/pytest-xdist#1386), and
+    every worker would start a JVM of its own, silently: stop instead."""
+    lost = [i for i in ids if "test_spark_archive.py::" in i and not i.endswith("@spark-archive")]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup lost the group of {lost[0]}: this pytest and pytest-xdist "
+            "do not group tests (pytest-dev/pytest-xdist#1386); pytest below 9.2 does"
+        )
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

@@ -5,6 +5,7 @@ that come before any JVM starts."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ from sqlalchemy import Engine, func, select
 from sqla_queue.cli import main
 from tests.conftest import run_cli
 from tests.support.app import App
-from tests.support.spark_fixtures import add_chain
+from tests.support.spark_fixtures import SMALL_DATA, add_chain
 
 
 def _count(engine: Engine, app: App, **where: Any) -> int:
@@ -195,12 +196,13 @@ def test_progress_tells_a_report_instead_of_printing(spark: Any) -> None:
 
 
 SESSION_FROM_PYTHON = """
+import json
 import sys
 
 from sqla_queue.spark import queue_report, spark_session
 
-url, table, out = sys.argv[1:]
-session = spark_session("local[1]", config={"spark.sql.adaptive.enabled": "false"})
+url, table, out, config = sys.argv[1:]
+session = spark_session("local[1]", config=json.loads(config))
 print(queue_report(session, url, table, out).rows)
 session.stop()
 """
@@ -224,8 +226,19 @@ def test_spark_session_from_python_adds_the_installed_jdbc_jars(
             attempts=[("sucesso", 1.0, 2.0)],
         )
     url = engine.url.render_as_string(hide_password=False)
+    # the shared session's settings for small tables: no code generated for
+    # each of the report's stages
+    config = json.dumps(SMALL_DATA)
     done = subprocess.run(
-        [sys.executable, "-c", SESSION_FROM_PYTHON, url, app.Task.__table__.name, str(tmp_path)],
+        [
+            sys.executable,
+            "-c",
+            SESSION_FROM_PYTHON,
+            url,
+            app.Task.__table__.name,
+            str(tmp_path),
+            config,
+        ],
         env={key: value for key, value in os.environ.items() if key != "SQLA_QUEUE_SPARK_JARS"},
         capture_output=True,
         text=True,
