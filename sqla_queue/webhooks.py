@@ -46,7 +46,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import http.cookiejar
 import ipaddress
 import json
 import logging
@@ -227,7 +226,10 @@ class WebhookClient:
         )
         self.max_concurrency = max_concurrency
         self._resolve = resolve or _default_resolve
-        # requests (6 MiB) only where webhooks are delivered, not in every worker
+        # requests (6 MiB) and the cookie jar (1 MiB) only where webhooks are
+        # delivered, not in every worker
+        import http.cookiejar
+
         import requests
 
         from .webhook_transport import PinnedAdapter

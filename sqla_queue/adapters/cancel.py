@@ -8,7 +8,6 @@ tenant database's, of another dialect than the queue's.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -63,7 +62,10 @@ def was_cancelled(exc: BaseException) -> bool:
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate == "57014":  # query_canceled
         return True
-    if getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_INTERRUPT:
-        return True
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        import sqlite3  # loaded already: the error is its own; not in every worker
+
+        return bool(code == sqlite3.SQLITE_INTERRUPT)
     args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
     return bool(args) and args[0] in (1317, 1927)  # query interrupted / connection killed

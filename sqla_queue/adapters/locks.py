@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import threading
 import zlib
 from pathlib import Path
@@ -222,6 +221,8 @@ class SQLiteRoutineLock(_TransactionPerLock):
         return Path(f"{self.database}-sqlaq-{digest:08x}.lock")
 
     def _open(self, name: str) -> Any:
+        import sqlite3  # only where the queue is on SQLite, not in every worker
+
         conn = None
         try:
             conn = sqlite3.connect(

@@ -210,3 +210,26 @@ def test_sql_text_and_dialect_tests_stay_in_their_places() -> None:
         for line, what in dialect_code(path.read_text(encoding="utf-8"))
     ]
     assert found == []
+
+
+# ----------------------------------------------------------- a worker's imports
+#: what a worker on PostgreSQL or MariaDB imports only where it is used: the
+#: webhook client (requests and its cookie jar, about 7 MiB) and sqlite3
+#: (1 MiB); an idle worker's RSS is mostly imports (docs/benchmarks.md (e))
+LAZY_MODULES = ("requests", "http.cookiejar", "sqlite3")
+
+
+def test_a_worker_on_a_server_database_does_not_import_what_it_does_not_use() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "import sqla_queue, sqla_queue.cli, sqla_queue.worker.runner\n"
+        "import sqla_queue.adapters.postgresql, sqla_queue.adapters.mysql\n"
+        f"print(' '.join(m for m in {LAZY_MODULES!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == []
