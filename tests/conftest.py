@@ -148,6 +148,8 @@ def server_url(kind: str) -> str:
 
 #: seconds a Spark test may take (pytest-timeout), setup included
 SPARK_TEST_TIMEOUT = 360
+#: the Spark tests of this file are a group of their own (an xdist_group)
+SPARK_ARCHIVE_FILE, SPARK_ARCHIVE_GROUP = "test_spark_archive.py", "spark-archive"
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -160,8 +162,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     worker started a SparkSession of its own."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
-            archive = item.path.name == "test_spark_archive.py"
-            item.add_marker(pytest.mark.xdist_group("spark-archive" if archive else "spark"))
+            archive = item.path.name == SPARK_ARCHIVE_FILE
+            item.add_marker(pytest.mark.xdist_group(SPARK_ARCHIVE_GROUP if archive else "spark"))
             if item.get_closest_marker("timeout") is None:
                 # a JVM's jobs: 100 s quiet for the slowest (setup and call),
                 # past the 120 s default under a busy loop, and a timeout in
@@ -176,7 +178,8 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     must end in its group. One without it has lost its group (as with
     pytest 9.2 and pytest-xdist 3.8: pytest-dev/pytest-xdist#1386), and
     every worker would start a JVM of its own, silently: stop instead."""
-    lost = [i for i in ids if "test_spark_archive.py::" in i and not i.endswith("@spark-archive")]
+    archive = [i for i in ids if f"/{SPARK_ARCHIVE_FILE}::" in i]
+    lost = [i for i in archive if not i.endswith(f"@{SPARK_ARCHIVE_GROUP}")]
     if lost:
         raise pytest.UsageError(
             f"--dist loadgroup lost the group of {lost[0]}: this pytest and pytest-xdist "

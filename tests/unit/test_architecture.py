@@ -10,6 +10,8 @@ submodule's implicit import of its parent package does not count.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,9 +222,6 @@ LAZY_MODULES = ("requests", "http.cookiejar", "sqlite3")
 
 
 def test_a_worker_on_a_server_database_does_not_import_what_it_does_not_use() -> None:
-    import subprocess
-    import sys
-
     program = (
         "import sys\n"
         "import sqla_queue, sqla_queue.cli, sqla_queue.worker.runner\n"
