@@ -314,9 +314,7 @@ def claim_within_rate(
         taken = claim(take)
     tokens -= len(taken)
     if taken or stored is None:  # else the stored state refills the same way
-        buckets.write(
-            conn, subject, tokens, now, rate=rate, exists=stored is not None, note=note
-        )
+        buckets.write(conn, subject, tokens, now, rate=rate, exists=stored is not None, note=note)
     if len(taken) == take and take < want:
         return taken, max(0.0, (1.0 - tokens) / rate)
     return taken, None

@@ -111,9 +111,7 @@ def missing_values(
     :func:`attribute_plan` or a table's, by the plan's names) that ``given``
     (a task's values by the same names) leaves empty: a value given is kept."""
     return {
-        name: text_of(payload, key, length)
-        for name, key, length in plan
-        if given.get(name) is None
+        name: text_of(payload, key, length) for name, key, length in plan if given.get(name) is None
     }
 
 

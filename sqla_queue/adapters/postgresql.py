@@ -16,8 +16,8 @@ import datetime as dt
 import logging
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -47,7 +47,7 @@ from sqlalchemy.sql.elements import ColumnElement, TextClause
 from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..exceptions import UnsupportedOperationError
-from ..mixins import Status, inline_count, status_is
+from ..mixins import COLUMN_NAMES, Status, inline_count, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
 from . import libpq
@@ -87,6 +87,10 @@ SESSION_SETTINGS = (
     ("idle_session_timeout", "0", (14,)),
 )
 _SESSION_MARK = "sqla_queue_session"
+#: claim statements kept compiled for the DBAPI cursor (one per LIMIT seen)
+DIRECT_CLAIMS_KEPT = 256
+#: what the claim's RETURNING list may hold for it to run on the cursor
+_CLAIM_KEYS = frozenset({*COLUMN_NAMES.values(), "sqlaq_locked"})
 
 
 def _lock_objid(id_expr: Any) -> Any:
@@ -163,6 +167,8 @@ class PostgresAdapter(Adapter):
         super()._prepare()
         #: task INSERTs in libpq's form, by paramstyle and columns (libpq.py)
         self._libpq_plans: dict[tuple[str, tuple[str, ...]], libpq.RowPlan | None] = {}
+        #: the claim as the DBAPI cursor runs it, by dialect and LIMIT
+        self._direct_claims: dict[tuple[Any, ...], _DirectClaim | None] = {}
         self._bucket_lock = text("SELECT pg_advisory_xact_lock(:ns, :bucket)")
         t = self.table
         c = t.c
@@ -469,11 +475,41 @@ class PostgresAdapter(Adapter):
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
-        params = {"limit": limit, "owner": owner, **self._lease_params(lease_seconds)}
-        result = conn.execute(self._claim, params)
-        keys = list(result.keys())
-        rows = self._keep_locked(conn, result.all(), owner)
-        return self._records(keys, rows, conn)
+        lease = self._lease_params(lease_seconds)
+        direct = self._direct_claim(conn.dialect, limit) if statements_unobserved(conn) else None
+        if direct is None:
+            result = conn.execute(self._claim, {"limit": limit, "owner": owner, **lease})
+            keys = list(result.keys())
+            rows = self._keep_locked(conn, result.all(), owner)
+            return self._records(keys, rows, conn)
+        bound = {**direct.constants, "owner": owner, **lease}
+        for name, process in direct.processors:
+            bound[name] = process(bound[name])
+        with driver_cursor(conn, direct.sql, bound) as cursor:
+            cursor.execute(direct.sql, bound)
+            found = cursor.fetchall()
+        if direct.results:
+            found = [_processed(row, direct.results) for row in found]
+        locked = direct.locked
+        if locked is not None and not all(row[locked] for row in found):
+            # the lock key is taken by a task 2**32 ids away: run it later
+            unlocked = [row[0] for row in found if not row[locked]]
+            self.task_hand_back_many(conn, ids=unlocked, owner=owner)
+            found = [row for row in found if row[locked]]
+        return self._records(direct.keys, found, conn)
+
+    def _direct_claim(self, dialect: Dialect, limit: int) -> _DirectClaim | None:
+        """The claim for ``limit`` rows compiled once for ``dialect``, to run
+        on the DBAPI cursor: SQLAlchemy's per-execute work (cache key,
+        parameters, execution context, the result's metadata for some 35
+        columns) took about as long as the claim's round trip on an idle
+        worker's path from NOTIFY to handler (docs/benchmarks.md)."""
+        key = (dialect.name, dialect.driver, dialect.paramstyle, limit)
+        if key not in self._direct_claims:  # a race compiles twice, harmlessly
+            if len(self._direct_claims) > DIRECT_CLAIMS_KEPT:
+                self._direct_claims.clear()
+            self._direct_claims[key] = _compile_direct_claim(self._claim, dialect, limit)
+        return self._direct_claims[key]
 
     def task_complete_many(
         self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
@@ -708,6 +744,76 @@ def _reset_session(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.autocommit = autocommit
     except Exception:  # a broken connection: the pool's own check will drop it
         record.invalidate()
+
+
+class _DirectClaim(NamedTuple):
+    """The claim compiled by SQLAlchemy for one dialect and LIMIT, run on the
+    DBAPI cursor (:meth:`PostgresAdapter.task_claim_many`)."""
+
+    sql: str
+    constants: Mapping[str, Any]  # every bound value but owner and lease_seconds, processed
+    processors: tuple[tuple[str, Callable[[Any], Any]], ...]  # for owner and lease_seconds
+    keys: tuple[str, ...]  # the RETURNING list's names, in order
+    results: tuple[tuple[int, Callable[[Any], Any]], ...]  # result processors by position
+    locked: int | None  # the position of sqlaq_locked; None: no per-task locks
+
+
+def _processed(
+    row: Sequence[Any], processors: Sequence[tuple[int, Callable[[Any], Any]]]
+) -> list[Any]:
+    values = list(row)
+    for at, process in processors:
+        values[at] = process(values[at])
+    return values
+
+
+def _compile_direct_claim(claim: Any, dialect: Dialect, limit: int) -> _DirectClaim | None:
+    """``claim`` compiled for the DBAPI cursor, its LIMIT (and any list of
+    the claim filter's) written into the SQL as ``conn.execute`` writes
+    them; None where the cursor's call could differ from SQLAlchemy's (a
+    positional paramstyle, bind names it escapes, a value computed at each
+    execution: the claim filter's ``callable_`` binds), or where a column
+    of the user's model comes back (its type's result processor may depend
+    on the driver's type code, which only the cursor's description has)."""
+    if dialect.positional:
+        return None
+    returned = list(claim.exported_columns)
+    keys = tuple(column.key for column in returned)
+    if not set(keys) <= _CLAIM_KEYS:
+        return None
+    compiled = claim.compile(dialect=dialect)
+    variable = {"owner", "lease_seconds"}
+    if not variable <= set(compiled.binds) or any(
+        bind.callable is not None for bind in compiled.binds.values()
+    ):
+        return None
+    state = compiled.construct_expanded_state({"limit": int(limit), **dict.fromkeys(variable)})
+    if "limit" in state.parameters:
+        return None
+    constants: dict[str, Any] = {}
+    for name, value in state.parameters.items():
+        if name not in variable:
+            process = state.processors.get(name)
+            constants[name] = value if process is None else process(value)
+    processors = tuple(
+        (name, state.processors[name]) for name in sorted(variable) if name in state.processors
+    )
+    results = []
+    for at, column in enumerate(returned):
+        try:  # without the cursor's type code: a type that needs it says so
+            process = column.type.dialect_impl(dialect).result_processor(dialect, None)
+        except Exception:
+            return None
+        if process is not None:
+            results.append((at, process))
+    return _DirectClaim(
+        sql=state.statement,
+        constants=constants,
+        processors=processors,
+        keys=keys,
+        results=tuple(results),
+        locked=keys.index("sqlaq_locked") if "sqlaq_locked" in keys else None,
+    )
 
 
 class PostgresListener(Listener):

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     String,
     create_engine,
+    event,
     func,
     select,
     text,
@@ -635,3 +636,103 @@ def test_a_lane_never_drops_another_lanes_claim_of_the_same_task(
     assert not errors, errors
     assert claims.snapshot() == [task_id]  # lane B's claim, still renewed
     assert worker.heartbeat.renew_once() == 1
+
+
+# --------------------------------------------------------------- the claim on the cursor
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    """The statements SQLAlchemy sends on ``engine`` while the test runs (a
+    listener, so the adapter's DBAPI-cursor paths step aside)."""
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def _claimed_rows_as_fetched(worker: Runner, engine: Engine, ids: list[int]) -> list[Any]:
+    adapter = worker.adapter
+    with engine.connect() as conn:
+        found = adapter._fetch_records(conn, adapter._rows_by_id, {"ids": ids})  # type: ignore[attr-defined]
+    return sorted(found, key=lambda task: ids.index(task.id))
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_claim_on_the_driver_cursor_returns_what_sqlalchemy_returns(
+    engine: Engine, app: App, installed: None, request: pytest.FixtureRequest
+) -> None:
+    """On PostgreSQL the claim runs on the DBAPI cursor unless something
+    watches the connection's statements. Both ways give the same records:
+    every column as read back afterwards, a retry's payload from its first
+    attempt, the claim order (priority, time, id)."""
+    first = enqueue(engine, app, {"n": "first"})[0]
+    with Session(engine) as session, session.begin():  # a retry: no payload of its own
+        session.add(app.Task(process="faturar", initial_id=first, attempt=2))
+    enqueue(engine, app, {"n": "urgent"}, priority=90)
+    enqueue(engine, app, {"n": 1}, {"n": 2}, external_key="k")
+    worker = runner(app.RecordingWorker, engine)
+    with worker.adapter.connect_claim(engine) as claim:
+        on_cursor = worker.manager.claim(claim, limit=3)
+        assert worker.adapter._direct_claims  # type: ignore[attr-defined]
+        sent = request.getfixturevalue("statements")
+        through_sqlalchemy = worker.manager.claim(claim, limit=3)
+        assert any("FOR UPDATE SKIP LOCKED" in statement for statement in sent)
+    claimed = on_cursor + through_sqlalchemy
+    assert [task.payload for task in claimed] == [
+        {"n": "urgent"},
+        {"n": "first"},
+        {"n": "first"},  # the retry, its payload from the first attempt
+        {"n": 1},
+        {"n": 2},
+    ]
+    ids = [task.id for task in claimed]
+    # repr, not ==: the datetimes' time zone too (UtcDateTime's result processor)
+    assert [repr(task) for task in claimed] == [
+        repr(task) for task in _claimed_rows_as_fetched(worker, engine, ids)
+    ]
+    assert all(task.status == "processando" and task.worker_id for task in claimed)
+
+
+@pytest.mark.parametrize("path", ["cursor", "sqlalchemy"])
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_claimed_row_whose_lock_another_session_holds_goes_back(
+    engine: Engine, app: App, installed: None, path: str, request: pytest.FixtureRequest
+) -> None:
+    """A task whose per-task lock key (the low 32 bits of its id) another
+    session holds is not run: the claim hands it back to ``pendente`` and
+    returns the others, on the cursor's path as on SQLAlchemy's."""
+    if path == "sqlalchemy":
+        request.getfixturevalue("statements")
+    held, free = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    key = {"ns": worker.adapter.task_lock_namespace, "objid": held % 2**32 - 2**31}
+    with engine.connect() as holder:
+        holder.execute(text("SELECT pg_advisory_lock(:ns, :objid)"), key)
+        with worker.adapter.connect_claim(engine) as claim:
+            assert [task.id for task in worker.manager.claim(claim, limit=2)] == [free]
+        holder.execute(text("SELECT pg_advisory_unlock(:ns, :objid)"), key)
+        holder.commit()
+    rows = {task.id: task for task in tasks(engine, app)}
+    assert (rows[held].status, rows[held].worker_id) == ("pendente", None)
+    assert rows[free].status == "processando"
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_claim_filter_computed_at_each_claim_stays_on_sqlalchemys_path(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """``item_delay``'s cut-off is a bind SQLAlchemy computes at every
+    execution: a claim compiled once for the cursor would keep the first
+    one, so that claim is never compiled for it."""
+
+    enqueue(engine, app, {"n": 1})
+    delayed = Settings.from_env({"SQLA_QUEUE_ITEM_DELAY": "3600"})
+    worker = Runner(app.RecordingWorker(), engine=engine, settings=delayed)
+    assert worker.adapter._direct_claim(engine.dialect, 1) is None  # type: ignore[attr-defined]
+    with worker.adapter.connect_claim(engine) as claim:
+        assert worker.manager.claim(claim, limit=1) == []
