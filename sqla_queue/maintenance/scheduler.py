@@ -84,9 +84,13 @@ class Maintenance:
         return self.routine(name).run_once(dry_run=dry_run, progress=progress)
 
     # ------------------------------------------------------------ threads
-    def start(self) -> None:
+    def start(self, *, without: Iterable[str] = ()) -> None:
+        """A thread for each routine but those named in ``without``."""
         self._stop.clear()
+        skipped = set(without)
         for routine in self.routines.values():
+            if routine.name in skipped:
+                continue
             thread = threading.Thread(
                 target=self._loop, args=(routine,), name=f"sqla-queue-{routine.name}", daemon=True
             )

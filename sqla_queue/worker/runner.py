@@ -224,7 +224,10 @@ class Runner:
         pauses.start()
         self.heartbeat.start()
         if self.effective["maintenance"]:
-            self.maintenance.start()
+            # a burst worker's lanes promote due tasks themselves before they
+            # leave (_lane_loop): a schedule thread beside them could promote
+            # one, still uncommitted, that a lane's promotion then skips
+            self.maintenance.start(without=("schedule",) if self.burst else ())
         restore = self._install_signal_handlers()
         lanes = self._lane_threads()
         logger.info(
@@ -376,6 +379,9 @@ class Runner:
     def _lane_loop(self, index: int) -> None:
         limit = BatchLimit(self.batch_size, self.worker.batch_seconds)
         manager = self.manager
+        #: burst: whether the due tasks were promoted since the last claim
+        #: that found tasks, so that an empty claim now means none is ready
+        promoted_since = False
         with (
             self.adapter.connect_claim(self.lane_engine) as claim_conn,
             self.lane_engine.connect() as work_conn,
@@ -389,6 +395,7 @@ class Runner:
                 batch = limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
+                    promoted_since = False
                     full = len(tasks) >= batch or manager.claim_capped
                     if full:
                         self.wake.set()  # more may wait: one more lane looks
@@ -406,12 +413,17 @@ class Runner:
                     # sent a wake-up (kept if no lane waited), so wait for it
                     # rather than run a claim that is most likely empty
                 elif self.burst:
-                    # a due scheduled task is ready too: promote it now
-                    if self._run_routine("schedule").counts.get("promoted"):
+                    if not promoted_since:
+                        # a due scheduled task is ready too: promote, then
+                        # claim once more, whatever this promoted: another
+                        # process may have promoted one since the claim
+                        self._run_routine("schedule")
+                        promoted_since = True
                         continue
                     retry_in = manager.claim_retry_in
                     if retry_in is None:
                         return
+                    promoted_since = False
                     self._pause(retry_in)  # rate-limited tasks wait: their next token
                     continue
                 if index == 0 and not self._trimmed:

@@ -71,7 +71,20 @@ class Spawned:
         return "".join(self._lines)
 
     def wait(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout=timeout)
+        """Its exit code; past ``timeout`` a failure that shows what every
+        thread of the process was doing (``PYTHONFAULTHANDLER`` dumps the
+        stacks at SIGABRT) and the output so far."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+            self._reader.join(timeout=10)
+            raise AssertionError(
+                f"{' '.join(self.proc.args[3:5])} still running after {timeout:g} s; "
+                f"its stacks at SIGABRT and its output:\n{self.output}"
+            ) from None
         self._reader.join(timeout=10)
         return code
 
@@ -88,7 +101,8 @@ def spawned(*args: str, env: dict[str, str], count: int = 1) -> Iterator[list[Sp
     procs: list[Spawned] = []
     try:
         for _ in range(count):
-            procs.append(Spawned(spawn_cli(*args, env=env)))
+            # stacks of every thread on a fatal signal (Spawned.wait's SIGABRT)
+            procs.append(Spawned(spawn_cli(*args, env={"PYTHONFAULTHANDLER": "1", **env})))
         yield procs
     finally:
         for proc in procs:

@@ -27,6 +27,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    update,
 )
 from sqlalchemy.orm import Session
 
@@ -480,6 +481,50 @@ def test_task_scheduled_an_hour_ahead_is_left_waiting_by_a_burst_worker(
     [task] = tasks(engine, app)
     assert (task.id, task.status, task.run_at) == (task_id, "agendada", run_at)
     assert effects(engine, app) == []
+
+
+def test_a_burst_worker_runs_a_task_promoted_by_another_process_after_its_empty_claim(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """A burst lane whose claim found nothing promotes the due tasks itself.
+    If another process (a worker's schedule thread, ``maintenance run``)
+    promoted one meanwhile, the lane's own promotion finds none: it must
+    still claim once more before it leaves, or a ready task stays behind
+    (CI caught it under load: the worker's own schedule thread was that
+    other process)."""
+    threads: list[set[str]] = []
+
+    class Worker(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        def execute(self, payload: Any, task: Any, session: Session) -> str | None:
+            threads.append({thread.name for thread in threading.enumerate()})
+            return super().execute(payload, task, session)
+
+    [task_id] = enqueue(engine, app, {"n": 1}, run_at=utcnow() + dt.timedelta(hours=1))
+    runner = Runner(Worker(), engine=engine, settings=Settings(), burst=True)
+    routine = runner._run_routine
+    promotions: list[int] = []
+
+    def promoted_elsewhere_first(name: str) -> Any:
+        if name == "schedule" and not promotions:
+            with engine.begin() as conn:  # the other process, committed
+                promotions.append(
+                    conn.execute(
+                        update(app.Task)
+                        .where(app.Task.id == task_id)
+                        .values(status="pendente", run_at=utcnow())
+                    ).rowcount
+                )
+        return routine(name)
+
+    runner._run_routine = promoted_elsewhere_first  # type: ignore[method-assign]
+    assert runner.run() == 0
+
+    assert promotions == [1]
+    # the burst's lanes promote; no schedule thread runs beside them
+    [seen] = threads
+    assert "sqla-queue-purge" in seen and "sqla-queue-schedule" not in seen
+    assert [t.status for t in tasks(engine, app)] == ["sucesso"]
+    assert effects(engine, app) == [(task_id, task_id, "{'n': 1}")]
 
 
 def test_task_scheduled_seconds_ahead_runs_once_it_is_due(
