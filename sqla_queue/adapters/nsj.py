@@ -64,20 +64,24 @@ class PostgresNsjAdapter(PostgresAdapter):
         nsj = func.pg_try_advisory_lock(self.table.c.id).label("sqlaq_nsj_locked")
         return [*super()._claim_locks(), nsj]
 
-    def _keep_locked(self, conn: Connection, rows: Sequence[Any], owner: str) -> list[Any]:
-        refused = [row for row in rows if not (row.sqlaq_locked and row.sqlaq_nsj_locked)]
+    def _keep_locked(
+        self, conn: Connection, keys: Sequence[str], rows: Sequence[Sequence[Any]], owner: str
+    ) -> list[Sequence[Any]]:
+        id_at, ours_at = keys.index("id"), keys.index("sqlaq_locked")
+        nsj_at = keys.index("sqlaq_nsj_locked")
+        refused = [row for row in rows if not (row[ours_at] and row[nsj_at])]
         if not refused:
             return list(rows)
-        self.task_hand_back_many(conn, ids=[row.id for row in refused], owner=owner)
+        self.task_hand_back_many(conn, ids=[row[id_at] for row in refused], owner=owner)
         # after the hand-back: a 'processando' row of ours with its
         # reference lock free would look lost to the reference's retry thread
-        ours = [row.id for row in refused if row.sqlaq_locked]
+        ours = [row[id_at] for row in refused if row[ours_at]]
         if ours:
             conn.execute(self._ns_unlock, {"ids": ours})
-        nsj = [row.id for row in refused if row.sqlaq_nsj_locked]
+        nsj = [row[id_at] for row in refused if row[nsj_at]]
         if nsj:
             conn.execute(self._nsj_unlock, {"ids": nsj})
-        return [row for row in rows if row.sqlaq_locked and row.sqlaq_nsj_locked]
+        return [row for row in rows if row[ours_at] and row[nsj_at]]
 
     def _lease_lost(self) -> ColumnElement[bool]:
         quoted = self._quoted()

@@ -269,15 +269,21 @@ class PostgresAdapter(Adapter):
         ns = literal(self.task_lock_namespace, Integer)
         return [func.pg_try_advisory_lock(ns, _lock_objid(self.table.c.id)).label("sqlaq_locked")]
 
-    def _keep_locked(self, conn: Connection, rows: Sequence[Any], owner: str) -> list[Any]:
-        """The claimed rows whose locks were all taken; the others go back."""
+    def _keep_locked(
+        self, conn: Connection, keys: Sequence[str], rows: Sequence[Sequence[Any]], owner: str
+    ) -> list[Sequence[Any]]:
+        """The claimed rows (the claim's RETURNING list, ``keys`` in order:
+        SQLAlchemy's rows or the cursor's) whose locks were all taken; the
+        others go back."""
         if not self.task_locks:
             return list(rows)
-        unlocked = [row.id for row in rows if not row.sqlaq_locked]
+        id_at, locked_at = keys.index("id"), keys.index("sqlaq_locked")
+        unlocked = [row[id_at] for row in rows if not row[locked_at]]
         if unlocked:
             # the lock key is taken by a task 2**32 ids away: run it later
             self.task_hand_back_many(conn, ids=unlocked, owner=owner)
-        return [row for row in rows if row.sqlaq_locked]
+            return [row for row in rows if row[locked_at]]
+        return list(rows)
 
     def _quoted(self) -> str:
         t = self.table
@@ -480,8 +486,7 @@ class PostgresAdapter(Adapter):
         if direct is None:
             result = conn.execute(self._claim, {"limit": limit, "owner": owner, **lease})
             keys = list(result.keys())
-            rows = self._keep_locked(conn, result.all(), owner)
-            return self._records(keys, rows, conn)
+            return self._records(keys, self._keep_locked(conn, keys, result.all(), owner), conn)
         bound = {**direct.constants, "owner": owner, **lease}
         for name, process in direct.processors:
             bound[name] = process(bound[name])
@@ -490,13 +495,7 @@ class PostgresAdapter(Adapter):
             found = cursor.fetchall()
         if direct.results:
             found = [_processed(row, direct.results) for row in found]
-        locked = direct.locked
-        if locked is not None and not all(row[locked] for row in found):
-            # the lock key is taken by a task 2**32 ids away: run it later
-            unlocked = [row[0] for row in found if not row[locked]]
-            self.task_hand_back_many(conn, ids=unlocked, owner=owner)
-            found = [row for row in found if row[locked]]
-        return self._records(direct.keys, found, conn)
+        return self._records(direct.keys, self._keep_locked(conn, direct.keys, found, owner), conn)
 
     def _direct_claim(self, dialect: Dialect, limit: int) -> _DirectClaim | None:
         """The claim for ``limit`` rows compiled once for ``dialect``, to run
@@ -755,7 +754,6 @@ class _DirectClaim(NamedTuple):
     processors: tuple[tuple[str, Callable[[Any], Any]], ...]  # for owner and lease_seconds
     keys: tuple[str, ...]  # the RETURNING list's names, in order
     results: tuple[tuple[int, Callable[[Any], Any]], ...]  # result processors by position
-    locked: int | None  # the position of sqlaq_locked; None: no per-task locks
 
 
 def _processed(
@@ -812,7 +810,6 @@ def _compile_direct_claim(claim: Any, dialect: Dialect, limit: int) -> _DirectCl
         processors=processors,
         keys=keys,
         results=tuple(results),
-        locked=keys.index("sqlaq_locked") if "sqlaq_locked" in keys else None,
     )
 
 
