@@ -766,7 +766,7 @@ class Adapter:
             [(task_id, message)] = results
             text_ = SUCCESS_MESSAGE if message is None else message
             params = {"b_id": task_id, "b_message": text_, "owner": owner}
-            return int(conn.execute(self._complete_one, params).rowcount)
+            return self._rowcount(conn, self._complete_one, params)
         ids = [task_id for task_id, _ in results]
         done = conn.execute(self._complete, {"ids": ids, "owner": owner}).rowcount
         custom = [
@@ -777,6 +777,11 @@ class Adapter:
         if custom and done == len(ids):
             conn.execute(self._complete_custom, custom)
         return int(done)
+
+    def _rowcount(self, conn: Connection, statement: Any, values: Mapping[str, Any]) -> int:
+        """``statement`` (one of this adapter's, without a RETURNING list)
+        run with ``values``: its rowcount. An adapter may run it its own way."""
+        return int(conn.execute(statement, values).rowcount)
 
     def task_update_claimed(
         self,

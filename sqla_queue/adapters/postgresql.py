@@ -169,6 +169,7 @@ class PostgresAdapter(Adapter):
         self._libpq_plans: dict[tuple[str, tuple[str, ...]], libpq.RowPlan | None] = {}
         #: the claim as the DBAPI cursor runs it, by dialect and LIMIT
         self._direct_claims: dict[tuple[Any, ...], _DirectClaim | None] = {}
+        self._direct_statements: dict[tuple[Any, ...], _DirectStatement | None] = {}
         self._bucket_lock = text("SELECT pg_advisory_xact_lock(:ns, :bucket)")
         t = self.table
         c = t.c
@@ -487,11 +488,10 @@ class PostgresAdapter(Adapter):
             result = conn.execute(self._claim, {"limit": limit, "owner": owner, **lease})
             keys = list(result.keys())
             return self._records(keys, self._keep_locked(conn, keys, result.all(), owner), conn)
-        bound = {**direct.constants, "owner": owner, **lease}
-        for name, process in direct.processors:
-            bound[name] = process(bound[name])
-        with driver_cursor(conn, direct.sql, bound) as cursor:
-            cursor.execute(direct.sql, bound)
+        statement = direct.statement
+        bound = statement.bound({"owner": owner, **lease})
+        with driver_cursor(conn, statement.sql, bound) as cursor:
+            cursor.execute(statement.sql, bound)
             found = cursor.fetchall()
         if direct.results:
             found = [_processed(row, direct.results) for row in found]
@@ -509,6 +509,28 @@ class PostgresAdapter(Adapter):
                 self._direct_claims.clear()
             self._direct_claims[key] = _compile_direct_claim(self._claim, dialect, limit)
         return self._direct_claims[key]
+
+    def _rowcount(self, conn: Connection, statement: Any, values: Mapping[str, Any]) -> int:
+        """On the DBAPI cursor, compiled once, as the claim: the completion
+        of a batch of one (every task of an idle worker's) and the lock
+        release after each batch each paid SQLAlchemy's per-execute work
+        (docs/benchmarks.md). Through ``conn.execute`` where something
+        observes the connection's statements, or where the statement cannot
+        run on the cursor as SQLAlchemy would run it (:func:`_compile_direct`)."""
+        if not statements_unobserved(conn):
+            return super()._rowcount(conn, statement, values)
+        dialect = conn.dialect
+        key = (id(statement), dialect.name, dialect.driver, dialect.paramstyle)
+        if key not in self._direct_statements:  # a race compiles twice, harmlessly
+            compiled = _compile_direct(statement, dialect, frozenset(values))
+            self._direct_statements[key] = compiled
+        direct = self._direct_statements[key]
+        if direct is None:
+            return super()._rowcount(conn, statement, values)
+        bound = direct.bound(values)
+        with driver_cursor(conn, direct.sql, bound) as cursor:
+            cursor.execute(direct.sql, bound)
+            return int(cursor.rowcount)
 
     def task_complete_many(
         self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
@@ -633,7 +655,7 @@ class PostgresAdapter(Adapter):
 
     def lock_release_many(self, conn: Connection, *, ids: Any) -> None:
         if ids and self.task_locks:
-            conn.execute(self._unlock, {"ids": list(ids)})
+            self._rowcount(conn, self._unlock, {"ids": list(ids)})
 
     def is_permanent(self, exc: BaseException) -> bool:
         # 28xxx authentication, 3D000 no such database, 42xxx a missing
@@ -745,13 +767,27 @@ def _reset_session(dbapi_connection: Any, record: Any) -> None:
         record.invalidate()
 
 
+class _DirectStatement(NamedTuple):
+    """A statement compiled by SQLAlchemy for one dialect, run on the DBAPI
+    cursor with the parameters ``conn.execute`` would send."""
+
+    sql: str
+    constants: Mapping[str, Any]  # every bound value but the variable ones, processed
+    processors: tuple[tuple[str, Callable[[Any], Any]], ...]  # for the variable ones
+
+    def bound(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters for the variable ``values``."""
+        bound = {**self.constants, **values}
+        for name, process in self.processors:
+            bound[name] = process(bound[name])
+        return bound
+
+
 class _DirectClaim(NamedTuple):
     """The claim compiled by SQLAlchemy for one dialect and LIMIT, run on the
     DBAPI cursor (:meth:`PostgresAdapter.task_claim_many`)."""
 
-    sql: str
-    constants: Mapping[str, Any]  # every bound value but owner and lease_seconds, processed
-    processors: tuple[tuple[str, Callable[[Any], Any]], ...]  # for owner and lease_seconds
+    statement: _DirectStatement  # its variable parameters: owner and lease_seconds
     keys: tuple[str, ...]  # the RETURNING list's names, in order
     results: tuple[tuple[int, Callable[[Any], Any]], ...]  # result processors by position
 
@@ -773,20 +809,49 @@ def _compile_direct_claim(claim: Any, dialect: Dialect, limit: int) -> _DirectCl
     execution: the claim filter's ``callable_`` binds), or where a column
     of the user's model comes back (its type's result processor may depend
     on the driver's type code, which only the cursor's description has)."""
-    if dialect.positional:
-        return None
     returned = list(claim.exported_columns)
     keys = tuple(column.key for column in returned)
     if not set(keys) <= _CLAIM_KEYS:
         return None
-    compiled = claim.compile(dialect=dialect)
-    variable = {"owner", "lease_seconds"}
+    statement = _compile_direct(
+        claim, dialect, frozenset({"owner", "lease_seconds"}), literal={"limit": int(limit)}
+    )
+    if statement is None:
+        return None
+    results = []
+    for at, column in enumerate(returned):
+        try:  # without the cursor's type code: a type that needs it says so
+            process = column.type.dialect_impl(dialect).result_processor(dialect, None)
+        except Exception:
+            return None
+        if process is not None:
+            results.append((at, process))
+    return _DirectClaim(statement=statement, keys=keys, results=tuple(results))
+
+
+def _compile_direct(
+    statement: Any,
+    dialect: Dialect,
+    variable: frozenset[str],
+    *,
+    literal: Mapping[str, Any] | None = None,
+) -> _DirectStatement | None:
+    """``statement`` compiled for the DBAPI cursor, the ``variable`` binds
+    left to each execution and the ``literal`` ones written into the SQL
+    (post-compile, as ``conn.execute`` writes them); None where the cursor's
+    call could differ from SQLAlchemy's: a positional paramstyle, a bind
+    computed at each execution (``callable_``), a ``literal`` one that
+    stayed a parameter."""
+    if dialect.positional:
+        return None
+    compiled = statement.compile(dialect=dialect)
     if not variable <= set(compiled.binds) or any(
         bind.callable is not None for bind in compiled.binds.values()
     ):
         return None
-    state = compiled.construct_expanded_state({"limit": int(limit), **dict.fromkeys(variable)})
-    if "limit" in state.parameters:
+    literal = literal or {}
+    state = compiled.construct_expanded_state({**literal, **dict.fromkeys(variable)})
+    if any(name in state.parameters for name in literal):
         return None
     constants: dict[str, Any] = {}
     for name, value in state.parameters.items():
@@ -796,21 +861,7 @@ def _compile_direct_claim(claim: Any, dialect: Dialect, limit: int) -> _DirectCl
     processors = tuple(
         (name, state.processors[name]) for name in sorted(variable) if name in state.processors
     )
-    results = []
-    for at, column in enumerate(returned):
-        try:  # without the cursor's type code: a type that needs it says so
-            process = column.type.dialect_impl(dialect).result_processor(dialect, None)
-        except Exception:
-            return None
-        if process is not None:
-            results.append((at, process))
-    return _DirectClaim(
-        sql=state.statement,
-        constants=constants,
-        processors=processors,
-        keys=keys,
-        results=tuple(results),
-    )
+    return _DirectStatement(sql=state.statement, constants=constants, processors=processors)
 
 
 class PostgresListener(Listener):

@@ -736,3 +736,46 @@ def test_a_claim_filter_computed_at_each_claim_stays_on_sqlalchemys_path(
     assert worker.adapter._direct_claim(engine.dialect, 1) is None  # type: ignore[attr-defined]
     with worker.adapter.connect_claim(engine) as claim:
         assert worker.manager.claim(claim, limit=1) == []
+
+
+@pytest.mark.parametrize("path", ["cursor", "sqlalchemy"])
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_of_ones_completion_and_lock_release_on_either_path(
+    engine: Engine, app: App, installed: None, path: str, request: pytest.FixtureRequest
+) -> None:
+    """A batch of one task completes (guarded by the claim) and frees the
+    task's lock after its commit through the DBAPI cursor on PostgreSQL, as
+    through SQLAlchemy when something watches the statements."""
+    sent = request.getfixturevalue("statements") if path == "sqlalchemy" else None
+    first, second = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    adapter, manager = worker.adapter, worker.manager
+    key = {"ns": adapter.task_lock_namespace}
+    free = text("SELECT pg_try_advisory_lock(:ns, :objid), pg_advisory_unlock_all()")
+    with adapter.connect_claim(engine) as claim, engine.connect() as work:
+        [task] = manager.claim(claim, limit=1)
+        assert task.id == first
+        with engine.connect() as other:  # held by the claim's session
+            assert other.execute(free, {**key, "objid": first - 2**31}).first()[0] is False
+        result = manager.run_batch(claim, work, [task], lambda task, session: "feito")
+        assert (result.succeeded, result.failed, result.handed_back) == (1, 0, [])
+        with engine.connect() as other:  # freed after the batch's commit
+            assert other.execute(free, {**key, "objid": first - 2**31}).first()[0] is True
+        # the guard: a task no longer claimed by this owner is not completed
+        [task] = manager.claim(claim, limit=1)
+        assert task.id == second
+        with work.begin():
+            results = [(second, None)]
+            assert adapter.task_complete_many(work, results=results, owner="another") == 0
+            assert adapter.task_complete_many(work, results=results, owner=manager.owner) == 1
+    done = {task.id: task for task in tasks(engine, app)}
+    assert (done[first].status, done[first].message) == ("sucesso", "feito")
+    assert (done[second].status, done[second].message) == ("sucesso", "Concluído com sucesso")
+    assert done[first].finished_at is not None and done[second].finished_at is not None
+    compiled = adapter._direct_statements  # type: ignore[attr-defined]
+    if sent is None:
+        assert len(compiled) == 2 and None not in compiled.values()
+    else:
+        assert not compiled
+        assert any("pg_advisory_unlock" in statement for statement in sent)
+        assert any(statement.startswith("UPDATE") and "mensagem" in statement for statement in sent)
