@@ -393,7 +393,11 @@ class TaskManager:
                     event, text = TASK_SUCCEEDED, message
                 if events is not None and event is not None:
                     events.append(TaskEvent(event, task, text, time.perf_counter() - started))
-            completed = self.adapter.task_complete_many(work_conn, results=done, owner=self.owner)
+            # the batch's own transaction: it commits next, with nothing
+            # else to write when the batch is one task (no hand-back then)
+            completed = self.adapter.task_complete_many(
+                work_conn, results=done, owner=self.owner, commits=len(tasks) == 1
+            )
             if completed != len(done):
                 logger.warning(
                     "%d of %d finished task(s) are no longer claimed by this worker "

@@ -756,17 +756,24 @@ class Adapter:
 
     # ------------------------------------------------------------ finish
     def task_complete_many(
-        self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
+        self,
+        conn: Connection,
+        *,
+        results: Sequence[tuple[int, str | None]],
+        owner: str,
+        commits: bool = False,
     ) -> int:
         """``sucesso`` with each message (None: the default message), for
-        the rows still claimed by ``owner``; the number of rows completed."""
+        the rows still claimed by ``owner``; the number of rows completed.
+        ``commits``: the transaction on ``conn`` is the worker's own batch
+        and commits right after this (nothing else is written in it)."""
         if not results:
             return 0
         if len(results) == 1:
             [(task_id, message)] = results
             text_ = SUCCESS_MESSAGE if message is None else message
             params = {"b_id": task_id, "b_message": text_, "owner": owner}
-            return self._rowcount(conn, self._complete_one, params)
+            return self._rowcount(conn, self._complete_one, params, alone=commits)
         ids = [task_id for task_id, _ in results]
         done = conn.execute(self._complete, {"ids": ids, "owner": owner}).rowcount
         custom = [
@@ -778,9 +785,13 @@ class Adapter:
             conn.execute(self._complete_custom, custom)
         return int(done)
 
-    def _rowcount(self, conn: Connection, statement: Any, values: Mapping[str, Any]) -> int:
+    def _rowcount(
+        self, conn: Connection, statement: Any, values: Mapping[str, Any], *, alone: bool = False
+    ) -> int:
         """``statement`` (one of this adapter's, without a RETURNING list)
-        run with ``values``: its rowcount. An adapter may run it its own way."""
+        run with ``values``: its rowcount. ``alone``: the transaction on
+        ``conn`` commits right after it, so where nothing was sent in it yet
+        the statement may commit by itself. An adapter may run it its own way."""
         return int(conn.execute(statement, values).rowcount)
 
     def task_update_claimed(

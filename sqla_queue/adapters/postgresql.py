@@ -510,13 +510,22 @@ class PostgresAdapter(Adapter):
             self._direct_claims[key] = _compile_direct_claim(self._claim, dialect, limit)
         return self._direct_claims[key]
 
-    def _rowcount(self, conn: Connection, statement: Any, values: Mapping[str, Any]) -> int:
+    def _rowcount(
+        self, conn: Connection, statement: Any, values: Mapping[str, Any], *, alone: bool = False
+    ) -> int:
         """On the DBAPI cursor, compiled once, as the claim: the completion
         of a batch of one (every task of an idle worker's) and the lock
         release after each batch each paid SQLAlchemy's per-execute work
         (docs/benchmarks.md). Through ``conn.execute`` where something
         observes the connection's statements, or where the statement cannot
-        run on the cursor as SQLAlchemy would run it (:func:`_compile_direct`)."""
+        run on the cursor as SQLAlchemy would run it (:func:`_compile_direct`).
+
+        ``alone`` (the completion of a batch of one, whose transaction
+        commits next): when the handler sent nothing, psycopg has not begun
+        the transaction yet (it sends ``BEGIN`` before the first statement),
+        and the statement runs in autocommit instead: one round trip, not
+        three (``BEGIN``, it, ``COMMIT``). The transaction would have held
+        this one statement; SQLAlchemy's commit then finds nothing to commit."""
         if not statements_unobserved(conn):
             return super()._rowcount(conn, statement, values)
         dialect = conn.dialect
@@ -529,11 +538,24 @@ class PostgresAdapter(Adapter):
             return super()._rowcount(conn, statement, values)
         bound = direct.bound(values)
         with driver_cursor(conn, direct.sql, bound) as cursor:
-            cursor.execute(direct.sql, bound)
+            by_itself = alone and _not_begun(conn, cursor.connection)
+            if by_itself:
+                cursor.connection.autocommit = True
+            try:
+                cursor.execute(direct.sql, bound)
+            finally:
+                if by_itself:
+                    with contextlib.suppress(Exception):  # a lost connection: invalidated
+                        cursor.connection.autocommit = False
             return int(cursor.rowcount)
 
     def task_complete_many(
-        self, conn: Connection, *, results: Sequence[tuple[int, str | None]], owner: str
+        self,
+        conn: Connection,
+        *,
+        results: Sequence[tuple[int, str | None]],
+        owner: str,
+        commits: bool = False,
     ) -> int:
         """One ``id = ANY(:ids)`` statement, planned without sequential scans:
         the completion is the last statement of the batch's transaction (the
@@ -543,7 +565,7 @@ class PostgresAdapter(Adapter):
         worker's rate: docs/benchmarks.md, (g).)"""
         if len(results) > 1:  # one task: a primary-key probe, whatever the plan
             conn.execute(self._plan_with_indexes)
-        return super().task_complete_many(conn, results=results, owner=owner)
+        return super().task_complete_many(conn, results=results, owner=owner, commits=commits)
 
     def task_hand_back_many(self, conn: Connection, *, ids: Sequence[int], owner: str) -> int:
         if not ids:
@@ -765,6 +787,15 @@ def _reset_session(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.autocommit = autocommit
     except Exception:  # a broken connection: the pool's own check will drop it
         record.invalidate()
+
+
+def _not_begun(conn: Connection, dbapi_connection: Any) -> bool:
+    """Whether psycopg 3's (sync) connection has sent nothing in the
+    transaction SQLAlchemy began on ``conn``, and is not in autocommit."""
+    if conn.dialect.driver != "psycopg" or conn.dialect.is_async:
+        return False
+    status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)
+    return getattr(status, "name", None) == "IDLE" and not dbapi_connection.autocommit
 
 
 class _DirectStatement(NamedTuple):

@@ -10,10 +10,12 @@ from retries) and checks the fix, in-process and step by step: two
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -779,3 +781,51 @@ def test_a_batch_of_ones_completion_and_lock_release_on_either_path(
         assert not compiled
         assert any("pg_advisory_unlock" in statement for statement in sent)
         assert any(statement.startswith("UPDATE") and "mensagem" in statement for statement in sent)
+
+
+@contextlib.contextmanager
+def _protocol_trace(conn: Any, path: Path) -> Iterator[None]:
+    """libpq's trace of what ``conn`` (a SQLAlchemy connection on psycopg 3)
+    sends and receives, written to ``path``."""
+    pgconn = conn.connection.dbapi_connection.pgconn
+    with path.open("w") as out:
+        pgconn.trace(out.fileno())
+        try:
+            yield
+        finally:
+            pgconn.untrace()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_of_one_that_wrote_nothing_completes_in_one_round_trip(
+    engine: Engine, app: App, installed: None, tmp_path: Path
+) -> None:
+    """A batch of one whose handler sent nothing completes in autocommit
+    (no BEGIN, no COMMIT: the transaction would have held that statement
+    alone); a handler's write keeps the completion in its transaction."""
+    quiet, writes = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    adapter, manager = worker.adapter, worker.manager
+
+    def handler(task: Any, session: Session) -> str:
+        if task.id == writes:
+            session.add(app.Effect(task_id=task.id, chain_id=task.chain_id, note="escrito"))
+        return "feito"
+
+    sent = {}
+    with adapter.connect_claim(engine) as claim, engine.connect() as work:
+        for task_id in (quiet, writes):
+            [task] = manager.claim(claim, limit=1)
+            assert task.id == task_id
+            trace = tmp_path / f"{task_id}.trace"
+            with _protocol_trace(work, trace):
+                assert manager.run_batch(claim, work, [task], handler).succeeded == 1
+            assert work.connection.dbapi_connection.autocommit is False
+            sent[task_id] = trace.read_text()
+    begin, commit = '\tQuery\t "BEGIN"', '\tQuery\t "COMMIT"'  # as the client sends them
+    assert begin not in sent[quiet] and commit not in sent[quiet]
+    assert "UPDATE" in sent[quiet]
+    assert sent[writes].count(begin) == 1 and sent[writes].count(commit) == 1
+    done = {task.id: task for task in tasks(engine, app)}
+    assert {done[quiet].status, done[writes].status} == {"sucesso"}
+    assert effects(engine, app) == [(writes, writes, "escrito")]
