@@ -537,16 +537,16 @@ class PostgresAdapter(Adapter):
         if direct is None:
             return super()._rowcount(conn, statement, values)
         bound = direct.bound(values)
+        by_itself = _not_begun(conn) if alone else None
         with driver_cursor(conn, direct.sql, bound) as cursor:
-            by_itself = alone and _not_begun(conn, cursor.connection)
-            if by_itself:
-                cursor.connection.autocommit = True
+            if by_itself is not None:
+                by_itself.autocommit = True
             try:
                 cursor.execute(direct.sql, bound)
             finally:
-                if by_itself:
+                if by_itself is not None:
                     with contextlib.suppress(Exception):  # a lost connection: invalidated
-                        cursor.connection.autocommit = False
+                        by_itself.autocommit = False
             return int(cursor.rowcount)
 
     def task_complete_many(
@@ -789,13 +789,16 @@ def _reset_session(dbapi_connection: Any, record: Any) -> None:
         record.invalidate()
 
 
-def _not_begun(conn: Connection, dbapi_connection: Any) -> bool:
-    """Whether psycopg 3's (sync) connection has sent nothing in the
-    transaction SQLAlchemy began on ``conn``, and is not in autocommit."""
+def _not_begun(conn: Connection) -> Any:
+    """``conn``'s psycopg 3 (sync) connection if it has sent nothing in the
+    transaction SQLAlchemy began, and is not in autocommit; else None."""
     if conn.dialect.driver != "psycopg" or conn.dialect.is_async:
-        return False
+        return None
+    dbapi_connection: Any = conn.connection.dbapi_connection
     status = getattr(getattr(dbapi_connection, "info", None), "transaction_status", None)
-    return getattr(status, "name", None) == "IDLE" and not dbapi_connection.autocommit
+    if getattr(status, "name", None) != "IDLE" or dbapi_connection.autocommit:
+        return None
+    return dbapi_connection
 
 
 class _DirectStatement(NamedTuple):
