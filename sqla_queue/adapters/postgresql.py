@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -87,8 +87,10 @@ SESSION_SETTINGS = (
     ("idle_session_timeout", "0", (14,)),
 )
 _SESSION_MARK = "sqla_queue_session"
-#: claim statements kept compiled for the DBAPI cursor (one per LIMIT seen)
-DIRECT_CLAIMS_KEPT = 256
+#: statements kept compiled for the DBAPI cursor, per cache (the claim's:
+#: one per LIMIT seen)
+DIRECT_KEPT = 256
+_T = TypeVar("_T")
 #: what the claim's RETURNING list may hold for it to run on the cursor
 _CLAIM_KEYS = frozenset({*COLUMN_NAMES.values(), "sqlaq_locked"})
 
@@ -504,11 +506,9 @@ class PostgresAdapter(Adapter):
         columns) took about as long as the claim's round trip on an idle
         worker's path from NOTIFY to handler (docs/benchmarks.md)."""
         key = (dialect.name, dialect.driver, dialect.paramstyle, limit)
-        if key not in self._direct_claims:  # a race compiles twice, harmlessly
-            if len(self._direct_claims) > DIRECT_CLAIMS_KEPT:
-                self._direct_claims.clear()
-            self._direct_claims[key] = _compile_direct_claim(self._claim, dialect, limit)
-        return self._direct_claims[key]
+        return _compiled_once(
+            self._direct_claims, key, lambda: _compile_direct_claim(self._claim, dialect, limit)
+        )
 
     def _rowcount(
         self, conn: Connection, statement: Any, values: Mapping[str, Any], *, alone: bool = False
@@ -530,10 +530,11 @@ class PostgresAdapter(Adapter):
             return super()._rowcount(conn, statement, values)
         dialect = conn.dialect
         key = (id(statement), dialect.name, dialect.driver, dialect.paramstyle)
-        if key not in self._direct_statements:  # a race compiles twice, harmlessly
-            compiled = _compile_direct(statement, dialect, frozenset(values))
-            self._direct_statements[key] = compiled
-        direct = self._direct_statements[key]
+        direct = _compiled_once(
+            self._direct_statements,
+            key,
+            lambda: _compile_direct(statement, dialect, frozenset(values)),
+        )
         if direct is None:
             return super()._rowcount(conn, statement, values)
         bound = direct.bound(values)
@@ -787,6 +788,18 @@ def _reset_session(dbapi_connection: Any, record: Any) -> None:
         dbapi_connection.autocommit = autocommit
     except Exception:  # a broken connection: the pool's own check will drop it
         record.invalidate()
+
+
+def _compiled_once(
+    cache: dict[tuple[Any, ...], _T], key: tuple[Any, ...], build: Callable[[], _T]
+) -> _T:
+    """``cache[key]``, built at the first call (a race builds it twice,
+    harmlessly); the cache starts over past ``DIRECT_KEPT`` entries."""
+    if key not in cache:
+        if len(cache) > DIRECT_KEPT:
+            cache.clear()
+        cache[key] = build()
+    return cache[key]
 
 
 def _not_begun(conn: Connection) -> Any:
