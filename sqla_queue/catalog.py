@@ -45,6 +45,8 @@ __all__ = [
 #: seconds a handler may run; at most a week
 TIME_LIMIT_SECONDS = Range(0, 7 * 24 * 3600, low_open=True, unit="seconds")
 ITEM_DELAY_SECONDS = Range(0, 24 * 3600, unit="seconds")
+#: a minute: an outcome that may wait longer than that is a transaction held open too long
+COMMIT_BUDGET_MS = Range(0, 60_000, unit="milliseconds")
 #: minutes; 0 turns the TTL off; at most ten years
 ITEM_TTL_MINUTES = Range(0, 10 * 365 * 24 * 60, unit="minutes")
 BACKOFF_BASE_SECONDS = Range(0, 86_400, unit="seconds")
@@ -441,6 +443,19 @@ CATALOGUE: tuple[Setting, ...] = (
         default=30,
         attribute="lease_seconds",
         table=("lease_duration", "lease_seconds"),
+    ),
+    _s(
+        "commit_budget",
+        _LEASE,
+        "Milliseconds a finished task's outcome may wait for its commit: a lane commits the "
+        "outcomes of quick tasks together once the oldest has waited this long, and never keeps "
+        "one waiting for a slow neighbour (docs/lifecycle.md#the-batch-transaction). "
+        "0: each task commits alone.",
+        env=("SQLA_QUEUE_COMMIT_BUDGET_MS",),
+        kind=Number(COMMIT_BUDGET_MS),
+        default=10,
+        attribute="commit_budget_ms",
+        table=("commit_budget_ms",),
     ),
     _s(
         "time_limit",

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from .adapters import Adapter, ErrorKind
+from .batching import Group, JoinPolicy, Lane, LaneSession, ThreadGate
 from .hooks import (
     BATCH_COMMITTED,
     TASK_DEAD,
@@ -83,6 +84,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sqla_queue.manager")
+
+#: the default commit budget (``commit_budget_ms``): a finished task's
+#: outcome waits at most about this long for its commit
+DEFAULT_COMMIT_BUDGET_MS = 10
 
 
 class ConnectionLost(Exception):
@@ -205,6 +210,16 @@ class TaskManager:
         self.claims = claims
         self.owner = claims.owner
         self.lease = lease
+        self._joins = JoinPolicy(DEFAULT_COMMIT_BUDGET_MS / 1000)
+
+    @property
+    def commit_budget(self) -> float:
+        """Seconds a finished task's outcome may wait for its commit (batching.py)."""
+        return self._joins.budget
+
+    @commit_budget.setter
+    def commit_budget(self, seconds: float) -> None:
+        self._joins = JoinPolicy(seconds)
 
     # ----------------------------------------------------------- claiming
     def claim(self, conn: Connection, *, limit: int) -> list[TaskRecord]:
@@ -271,57 +286,71 @@ class TaskManager:
         tasks: Sequence[TaskRecord],
         handler: Handler,
         should_stop: Callable[[], bool] = lambda: False,
+        lane: Lane | None = None,
     ) -> BatchResult:
-        """Run claimed ``tasks`` in one transaction and record every outcome.
+        """Run claimed ``tasks`` one after another on ``work_conn`` and record
+        every outcome, committed in groups (batching.py): the outcomes
+        waiting are committed once the oldest has waited the commit budget,
+        before a handler's first statement, and when the batch ends; while a
+        handler runs without the database, ``lane``'s watch commits them.
 
         When ``should_stop()`` turns true, the tasks not yet started go back
-        to ``pendente`` in the same commit. A batch whose webhook calls were
+        to ``pendente`` in the next commit. A batch whose webhook calls were
         made (before its transaction: see ``stage``) records every outcome
         instead: a call made is never handed back to be made again."""
         started = time.perf_counter()
+        if lane is None:
+            lane = Lane(0, ThreadGate(), self.commit_budget)
         ids = [task.id for task in tasks]
-        called = False
         handler = compose(handler, work_conn, self.stages, self.middleware)
+        lane.flush = self._flush
+        lane.may_join = self._joins.may_join
+        with lane.gate:
+            lane.start(claim_conn, work_conn, list(tasks), events=self._wants_events())
+        left: list[int] = []
         try:
             # every stage prepares, even after one made calls
             if any([stage.prepare(work_conn, tasks) for stage in self.stages]):
-                called, should_stop = True, _never
-            try:
-                result = self._run_together(work_conn, tasks, handler, should_stop)
-            except ClaimLost:
-                if called and len(tasks) > 1:
-                    # record the outcomes of the tasks still ours, one by one
-                    result = self._run_alone(work_conn, tasks, handler, should_stop, None)
-                else:
-                    # nothing of the batch committed; the tasks still ours run again
-                    self._hand_back_after_rollback(work_conn, ids)
-                    result = BatchResult(handed_back=ids)
-            except DBAPIError as exc:
-                if self._retryable(exc):
-                    raise
-                # the batch failed as a whole, after its handlers returned (a
-                # deferred constraint at COMMIT, say): find the task at fault
-                result = self._run_alone(work_conn, tasks, handler, should_stop, exc)
+                should_stop = _never
+                with lane.gate:
+                    lane.may_hand_back = False
+            self._run_lane(lane, handler, should_stop)
         except ConnectionLost as lost:
             culprit = lost.args[0] if lost.args else None
+            with lane.gate:
+                self._rollback(lane)
+                lane.end()
+            # guarded: the outcomes committed already stay as they are
             self._recover_after_lost_connection(work_conn, tasks, culprit, lost.__cause__)
             raise
         except BaseException:
-            # nothing of the batch committed (a deadlock, a lost connection),
-            # and the fault is not its tasks': they are ready to run again
+            # what was not committed (a deadlock, a lost connection) is not
+            # its tasks' fault: they are ready to run again
+            with lane.gate:
+                self._rollback(lane)
+                lane.end()
             self._hand_back_after_rollback(work_conn, ids)
             raise
         finally:
-            # after the commit (or the rollback), never before: another worker
-            # must not claim a task whose outcome is not yet committed
-            self.claims.discard(ids)
-            self._release(claim_conn, ids)
+            with lane.gate:
+                left = lane.end()
+                # after the commit (or the rollback), never before: another worker
+                # must not claim a task whose outcome is not yet committed
+                self.claims.discard(ids)
+                self._release(claim_conn, [i for i in ids if i in lane.locked])
+                lane.locked.clear()
             for stage in self.stages:
                 stage.forget(ids)
-        if result.handed_back and self.adapter.supports_notify:
+        assert not left  # every task ran or was handed back
+        result = BatchResult(
+            succeeded=lane.succeeded,
+            failed=lane.failed,
+            handed_back=lane.handed_back,
+            seconds=time.perf_counter() - started,
+        )
+        if lane.notify_after and self.adapter.supports_notify:
             with claim_conn.begin():
                 self.adapter.notify(claim_conn)
-        result.seconds = time.perf_counter() - started
         if self.hooks.wanted(BATCH_COMMITTED):
             self.hooks.emit(
                 [
@@ -337,6 +366,206 @@ class TaskManager:
             )
         return result
 
+    def _wants_events(self) -> bool:
+        return self.hooks.wanted(*TASK_EVENTS)
+
+    def _run_lane(self, lane: Lane, handler: Handler, should_stop: Callable[[], bool]) -> None:
+        first = True
+        while True:
+            with lane.gate:
+                task = None
+                if lane.waiting:
+                    if not first and should_stop():
+                        lane.group.hand_back += [t.id for t in lane.waiting]
+                        lane.waiting.clear()
+                    else:
+                        task = lane.waiting.popleft()
+                if lane.group and (
+                    task is None or task.id in lane.alone or lane.due(time.perf_counter())
+                ):
+                    self._flush(lane, True)
+                if task is None:
+                    if lane.waiting:  # a failed commit's tasks, to run again one by one
+                        continue
+                    return
+                lane.begin_task(task)
+            first = False
+            started = time.perf_counter()
+            assert lane.work_conn is not None
+            message = self._run_one(lane.work_conn, task, handler, lane=lane)
+            ended = time.perf_counter()
+            seconds = ended - started
+            with lane.gate:
+                self._joins.finished(lane, task, ended)
+                group = lane.group
+                event: str | None
+                if isinstance(message, _Failed):
+                    group.failed += 1
+                    event, text = message.event, message.text
+                else:
+                    group.done.append((task.id, message))
+                    group.succeeded.append((task, seconds))
+                    event, text = TASK_SUCCEEDED, message
+                observed = lane.wants_events and event is not None
+                lane.add_outcome(task, TaskEvent(event, task, text, seconds) if observed else None)  # type: ignore[arg-type]
+                if task.id in lane.alone:
+                    lane.alone.discard(task.id)
+                    self._flush(lane, True)
+
+    def _flush(self, lane: Lane, raising: bool) -> None:
+        """Commit the outcomes waiting in ``lane``'s group (the gate held),
+        with the tasks it hands back. ``raising`` false (the watch, or a
+        handler's first statement): a failure is settled here, not raised."""
+        group = lane.take_group()
+        if not group:
+            return
+        conn = lane.work_conn
+        assert conn is not None
+        # a batch of one whose handler sent nothing may commit its completion alone
+        alone = len(group.done) == 1 and not group.failed and not group.hand_back
+        try:
+            if lane.transaction is None:
+                lane.transaction = conn.begin()
+            completed = self.adapter.task_complete_many(
+                conn, results=group.done, owner=self.owner, commits=alone
+            )
+            if completed != len(group.done):
+                logger.warning(
+                    "%d of %d finished task(s) are no longer claimed by this worker "
+                    "(rescued after its lease or lock was lost): their work rolls back",
+                    len(group.done) - completed,
+                    len(group.done),
+                )
+                raise ClaimLost()
+            self.adapter.task_hand_back_many(conn, ids=group.hand_back, owner=self.owner)
+            lane.transaction.commit()
+            lane.transaction = None
+        except BaseException as exc:
+            self._rollback(lane)
+            self._settle(lane, group, exc, raising)
+            return
+        self._committed(lane, group)
+
+    def _committed(self, lane: Lane, group: Group) -> None:
+        """After a group's commit: its locks go, its successes are logged,
+        its observers told."""
+        ids = [task.id for task in group.tasks] + group.hand_back
+        self.claims.discard(ids)
+        assert lane.claim_conn is not None
+        self._release(lane.claim_conn, ids)
+        lane.locked.difference_update(ids)
+        lane.succeeded += len(group.done)
+        lane.failed += group.failed
+        lane.handed_back += group.hand_back
+        if logger.isEnabledFor(logging.INFO):
+            for task, seconds in group.succeeded:
+                logger.info(
+                    "%s %s in %.1f ms",
+                    task_label(task),
+                    # a dead-letter run's handler returned: the task itself did not succeed
+                    "done" if task.dead else "succeeded",
+                    seconds * 1000,
+                    extra=task_fields(task, seconds),
+                )
+        if group.events is not None:
+            handed_back = set(group.hand_back)
+            events = group.events + [
+                TaskEvent(TASK_HANDED_BACK, t) for t in lane.batch if t.id in handed_back
+            ]
+            if events:
+                self.hooks.emit(events)
+
+    def _settle(self, lane: Lane, group: Group, exc: BaseException, raising: bool) -> None:
+        """A group whose commit failed (rolled back already)."""
+        conn = lane.work_conn
+        assert conn is not None
+        ids = [task.id for task in group.tasks]
+        if isinstance(exc, DBAPIError) and not self._retryable(exc) and len(ids) == 1:
+            # one task's work failed at its commit (a deferred constraint):
+            # the attempt fails as if its handler had raised
+            [task] = group.tasks
+            message = describe_error(exc)
+            with conn.begin():
+                recorded = self.record_failure(conn, task, message)
+                self.adapter.task_hand_back_many(conn, ids=group.hand_back, owner=self.owner)
+            self._committed(lane, Group(tasks=[task], failed=1, hand_back=group.hand_back))
+            if recorded:
+                self.hooks.emit([TaskEvent(recorded, task, message)])
+                logger.warning(
+                    "%s failed at commit: %s",
+                    task_label(task),
+                    fit_message(message, MESSAGE_MAX_LENGTH),
+                    extra=task_fields(task),
+                )
+            return
+        rerun = (isinstance(exc, ClaimLost) and not lane.may_hand_back) or (
+            isinstance(exc, DBAPIError) and not self._retryable(exc)
+        )
+        if rerun and len(ids) > 1:
+            # each again in a transaction of its own: the one whose commit
+            # fails again is at fault; a call made is answered, not made again
+            lane.waiting.extendleft(reversed(group.tasks))
+            lane.alone.update(ids)
+            back = group.hand_back
+        else:
+            back = ids + group.hand_back
+        # the tasks still ours run again (nothing of the group committed)
+        self._hand_back_after_rollback(conn, back)
+        self.claims.discard(back)
+        lane.handed_back += back
+        lane.notify_after = True
+        if raising and not isinstance(exc, ClaimLost) and not rerun:
+            raise exc
+        if not isinstance(exc, (ClaimLost, DBAPIError)):
+            logger.warning(
+                "lane %d: committing %d outcome(s) failed: %s",
+                lane.index,
+                len(ids),
+                describe_error(exc),
+            )
+
+    def hand_back_waiting(self, lane: Lane) -> None:
+        """The watch, while ``lane``'s handler runs past the budget: the
+        lane's claimed tasks not started yet go back to ``pendente`` for
+        other lanes and workers (the gate held)."""
+        waiting = list(lane.waiting)
+        conn = lane.claim_conn
+        if not waiting or conn is None:
+            return
+        ids = [task.id for task in waiting]
+        lane.waiting.clear()
+        try:
+            with conn.begin():
+                back = self.adapter.task_hand_back_many(conn, ids=ids, owner=self.owner)
+                if self.adapter.supports_notify:
+                    self.adapter.notify(conn)
+        except Exception as exc:  # the lane runs them itself
+            lane.waiting.extend(waiting)
+            logger.warning("could not hand back waiting tasks: %s", describe_error(exc))
+            return
+        self.claims.discard(ids)
+        self._release(conn, ids)
+        lane.locked.difference_update(ids)
+        lane.handed_back += ids
+        logger.debug(
+            "lane %d: %d waiting task(s) handed back while %s runs",
+            lane.index,
+            back,
+            task_label(lane.running) if lane.running is not None else "a task",
+        )
+        if lane.wants_events:
+            self.hooks.emit([TaskEvent(TASK_HANDED_BACK, task) for task in waiting])
+        lane.on_hand_back(len(ids))
+
+    @staticmethod
+    def _rollback(lane: Lane) -> None:
+        transaction, lane.transaction = lane.transaction, None
+        if transaction is not None:
+            try:
+                transaction.rollback()
+            except Exception as exc:  # its connection is gone, and the transaction with it
+                logger.debug("rolling back a lane's batch: %s", describe_error(exc))
+
     def run_here(
         self, conn: Connection, tasks: Sequence[TaskRecord], handler: Handler
     ) -> list[str | None]:
@@ -350,12 +579,19 @@ class TaskManager:
         outcomes: list[str | None] = []
         done: list[tuple[int, str | None]] = []
         for task in tasks:
+            started = time.perf_counter()
             message = self._run_one(conn, task, handler)
             if isinstance(message, _Failed):
                 outcomes.append(message.event)
             else:
                 done.append((task.id, message))
                 outcomes.append(TASK_SUCCEEDED)
+                logger.info(
+                    "%s returned in %.1f ms (in the caller's transaction, not committed)",
+                    task_label(task),
+                    (time.perf_counter() - started) * 1000,
+                    extra=task_fields(task),
+                )
         self.adapter.task_complete_many(conn, results=done, owner=self.owner)
         return outcomes
 
@@ -366,108 +602,14 @@ class TaskManager:
             self.adapter.classify(exc) is ErrorKind.TRANSIENT
         )
 
-    def _run_together(
-        self,
-        work_conn: Connection,
-        tasks: Sequence[TaskRecord],
-        handler: Handler,
-        should_stop: Callable[[], bool],
-    ) -> BatchResult:
-        result = BatchResult()
-        # the outcomes' events, built only when observed, emitted after COMMIT
-        events: list[TaskEvent] | None = [] if self.hooks.wanted(*TASK_EVENTS) else None
-        with work_conn.begin():
-            done: list[tuple[int, str | None]] = []
-            for index, task in enumerate(tasks):
-                if index and should_stop():
-                    result.handed_back = [t.id for t in tasks[index:]]
-                    break
-                started = time.perf_counter() if events is not None else 0.0
-                message = self._run_one(work_conn, task, handler)
-                event: str | None
-                if isinstance(message, _Failed):
-                    result.failed += 1
-                    event, text = message.event, message.text
-                else:
-                    done.append((task.id, message))
-                    event, text = TASK_SUCCEEDED, message
-                if events is not None and event is not None:
-                    events.append(TaskEvent(event, task, text, time.perf_counter() - started))
-            # the batch's own transaction: it commits next, with nothing
-            # else to write when the batch is one task (no hand-back then)
-            completed = self.adapter.task_complete_many(
-                work_conn, results=done, owner=self.owner, commits=len(tasks) == 1
-            )
-            if completed != len(done):
-                logger.warning(
-                    "%d of %d finished task(s) are no longer claimed by this worker "
-                    "(rescued after its lease or lock was lost): the batch rolls back",
-                    len(done) - completed,
-                    len(done),
-                )
-                raise ClaimLost()
-            self.adapter.task_hand_back_many(work_conn, ids=result.handed_back, owner=self.owner)
-            result.succeeded = len(done)
-        if events is not None:
-            handed_back = set(result.handed_back)
-            events += [TaskEvent(TASK_HANDED_BACK, t) for t in tasks if t.id in handed_back]
-            self.hooks.emit(events)
-        return result
-
-    def _run_alone(
-        self,
-        work_conn: Connection,
-        tasks: Sequence[TaskRecord],
-        handler: Handler,
-        should_stop: Callable[[], bool],
-        error: DBAPIError | None,
-    ) -> BatchResult:
-        """Run each task of a batch that failed as a whole in a transaction
-        of its own; the one whose commit fails again gets the failure (a
-        retry or its dead-letter run), as a handler's exception would.
-        A single task is not run again: its failure (``error``) is known
-        already; with ``error`` None (a batch that lost a claim) it is."""
-        result = BatchResult()
-        for index, task in enumerate(tasks):
-            if index and should_stop():
-                result.handed_back = [t.id for t in tasks[index:]]
-                with work_conn.begin():
-                    self.adapter.task_hand_back_many(
-                        work_conn, ids=result.handed_back, owner=self.owner
-                    )
-                break
-            if len(tasks) > 1 or error is None:
-                try:
-                    one = self._run_together(work_conn, [task], handler, _never)
-                except ClaimLost:
-                    continue  # rescued meanwhile: another worker has it now
-                except DBAPIError as exc:
-                    if self._retryable(exc):
-                        raise
-                    error = exc
-                else:
-                    result.succeeded += one.succeeded
-                    result.failed += one.failed
-                    continue
-            assert error is not None  # set by the failed run above
-            message = describe_error(error)
-            with work_conn.begin():
-                recorded = self.record_failure(work_conn, task, message)
-            result.failed += 1
-            if recorded:
-                self.hooks.emit([TaskEvent(recorded, task, message)])
-                logger.warning(
-                    "%s failed at commit: %s",
-                    task_label(task),
-                    fit_message(message, MESSAGE_MAX_LENGTH),
-                    extra=task_fields(task),
-                )
-        return result
-
-    def _run_one(self, conn: Connection, task: TaskRecord, handler: Handler) -> Any:
+    def _run_one(
+        self, conn: Connection, task: TaskRecord, handler: Handler, *, lane: Lane | None = None
+    ) -> Any:
         started = time.perf_counter()
-        session = Session(
-            bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False
+        session = (
+            Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+            if lane is None
+            else LaneSession(lane)
         )
         try:
             returned = handler(task, session)
@@ -487,6 +629,8 @@ class TaskManager:
             error = describe_error(exc)
             retry = not isinstance(exc, self.no_retry)
             frames = redact(describe_traceback(exc))
+            if lane is not None:
+                lane.join(flush_others=False)  # the failure's rows, in the batch's transaction
             recorded = self.record_failure(
                 conn, task, error, retry=retry, trace=_kept_end(frames, TRACEBACK_MAX_LENGTH)
             )
@@ -503,16 +647,6 @@ class TaskManager:
         finally:
             if _touched(session) or session.identity_map:
                 session.close()
-        if logger.isEnabledFor(logging.INFO):
-            seconds = time.perf_counter() - started
-            logger.info(
-                "%s %s in %.1f ms",
-                task_label(task),
-                # a dead-letter run's handler returned: the task itself did not succeed
-                "done" if task.dead else "succeeded",
-                seconds * 1000,
-                extra=task_fields(task, seconds),
-            )
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
 
     def _hand_back_after_rollback(self, conn: Connection, ids: list[int]) -> None:

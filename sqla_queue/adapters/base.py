@@ -328,6 +328,9 @@ class Adapter:
     claim_autocommit: ClassVar[bool] = False
     supports_notify: ClassVar[bool] = False
     supports_task_locks: ClassVar[bool] = False
+    #: one writer at a time (SQLite): a transaction that has written holds
+    #: every other writer off until it ends
+    single_writer: ClassVar[bool] = False
     #: the vacuum routine has something to do (table_vacuum_state, table_vacuum)
     supports_vacuum: ClassVar[bool] = False
 

@@ -54,6 +54,7 @@ def _use_wal(cursor: Any) -> None:
 
 class SQLiteAdapter(Adapter):
     family = "sqlite"
+    single_writer = True
 
     def _prepare(self) -> None:
         super()._prepare()

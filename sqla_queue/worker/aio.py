@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only, greenlet_spawn
 
+from ..batching import Gate, LoopGate
 from ..logs import task_fields
 from ..manager import describe_traceback, task_label
 from ..records import TaskRecord
@@ -95,11 +96,14 @@ class AsyncRunner(Runner):
             loop, threading.get_ident(), type(self.worker).blocking_warning_seconds
         )
         watchdog.start()
+        commit_watch = asyncio.ensure_future(self.commit_watch.watch_async(self._stopped))
         try:
             await asyncio.gather(
                 *(greenlet_spawn(self._lane, index) for index in range(self.concurrency))
             )
         finally:
+            self._stopped.set()
+            await commit_watch
             watchdog.stop()
             await self.worker.aclose_tenants()  # multi-database: on the loop that used them
             await self.app.async_engine.dispose()
@@ -110,6 +114,12 @@ class AsyncRunner(Runner):
         if loop is not None and stopped is not None:
             with contextlib.suppress(RuntimeError):  # the loop has ended already
                 loop.call_soon_threadsafe(stopped.set)
+
+    def _gate(self) -> Gate:
+        return LoopGate()
+
+    def _start_commit_watch(self) -> None:
+        pass  # a task on the loop (_run_lanes)
 
     # ---------------------------------------------- waits, in a lane's greenlet
     def _wait_for_wake(self, timeout: float) -> bool:

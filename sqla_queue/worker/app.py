@@ -187,6 +187,7 @@ class QueueApp:
             lease_for=self._lease_for(),
             hooks=self.hooks,
         )
+        self.manager.commit_budget = effective["commit_budget"] / 1000
         self.manager.limited = self._limited_claims()
         self._main_source = self._claim_source(claim_filter, self.adapter)
         self.manager.claim_source = self._main_source

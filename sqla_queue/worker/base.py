@@ -90,6 +90,10 @@ class WorkerBase(abc.ABC):
     #: exceptions not worth retrying: a task that raises one goes straight
     #: to its dead-letter run
     no_retry: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: milliseconds a finished task's outcome may wait for its commit (the
+    #: outcomes of quick tasks share one); None: SQLA_QUEUE_COMMIT_BUDGET_MS,
+    #: queue_configuration.commit_budget_ms, 10
+    commit_budget_ms: ClassVar[float | None] = None
     #: seconds a handler may run before it is abandoned (timelimit.py)
     time_limit_seconds: ClassVar[float | None] = None
     #: seconds a task waits after its time before it may be claimed

@@ -59,6 +59,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 
 from ..adapters import ErrorKind
+from ..batching import Gate, Lane, ThreadGate
 from ..exceptions import ConfigurationError
 from ..hooks import LANE_RECONNECTED, LaneEvent
 from ..leases import Heartbeat
@@ -72,6 +73,7 @@ from ..settings import Settings
 from ..timelimit import TimeLimitExceeded
 from . import providers
 from .app import QueueApp, _describe
+from .commitwatch import CommitWatch
 from .contract import Worker
 
 logger = logging.getLogger("sqla_queue.worker")
@@ -187,6 +189,20 @@ class Runner:
         self.listener: Any = None
         #: per lane: whether it runs a batch now
         self.busy = [False] * self.concurrency
+        #: per lane: its batch's state, shared with the commit watch (batching.py)
+        self.lanes = [
+            Lane(index, self._gate(), self.manager.commit_budget)
+            for index in range(self.concurrency)
+        ]
+        self.commit_watch = CommitWatch(
+            self.manager,
+            self.lanes,
+            single_writer=self.adapter.single_writer,
+            idle_lane=lambda: not all(self.busy),
+        )
+        for lane in self.lanes:
+            lane.on_hand_back = self._handed_back
+            lane.on_start = self.commit_watch.busy
         self._paused: frozenset[str] = frozenset()
 
     def _check_kind(self, worker: Worker) -> None:
@@ -230,6 +246,7 @@ class Runner:
             self.maintenance.start(without=("schedule",) if self.burst else ())
         restore = self._install_signal_handlers()
         lanes = self._lane_threads()
+        self._start_commit_watch()
         logger.info(
             "worker %s (%s): %d %s on %s (%s)%s",
             type(self.worker).__name__,
@@ -252,6 +269,7 @@ class Runner:
         finally:
             _running.discard(self)
             self.stop()
+            self.commit_watch.stop()
             self.heartbeat.stop()
             if listener is not None:
                 listener.stop()
@@ -319,6 +337,18 @@ class Runner:
             threading.Thread(target=self._lane, args=(i,), name=f"sqla-queue-lane-{i}")
             for i in range(self.concurrency)
         ]
+
+    def _gate(self) -> Gate:
+        """How a lane and the commit watch take turns (here: a lock)."""
+        return ThreadGate()
+
+    def _start_commit_watch(self) -> None:
+        self.commit_watch.start()
+
+    def _handed_back(self, count: int) -> None:
+        """The commit watch handed ``count`` waiting tasks back: idle lanes look."""
+        for _ in range(min(count, self.concurrency)):
+            self.wake.set()
 
     def _wait_for_wake(self, timeout: float) -> bool:
         """An idle lane waits for a wake-up, ``timeout`` seconds at most."""
@@ -402,7 +432,12 @@ class Runner:
                     self.busy[index] = True
                     try:
                         result = manager.run_batch(
-                            claim_conn, work_conn, tasks, self._handle, self.stopping.is_set
+                            claim_conn,
+                            work_conn,
+                            tasks,
+                            self._handle,
+                            self.stopping.is_set,
+                            lane=self.lanes[index],
                         )
                     finally:
                         self.busy[index] = False
