@@ -286,13 +286,18 @@ class LaneSession(Session):
 class JoinPolicy:
     """Whether a handler's first statement may join a transaction holding
     other tasks' finished outcomes (they then wait for it to end), or must
-    commit them first (one more commit). It may when the oldest outcome has
-    waited less than half the budget, the handler reached the database
-    within a quarter of it, and its process is not kept apart: a handler
-    that ran longer than half the budget after its first statement keeps
-    its process's handlers apart for ``memory`` times that run (a 5 s run:
-    50 s; a 30 ms stall of a loaded machine: 0.3 s). The first such handler
-    of a process held its group's outcomes; docs/lifecycle.md says so."""
+    commit them first (one more commit). It may when the transaction holds
+    fewer than ``MAX_JOINED`` outcomes, the oldest has waited less than
+    three quarters of the budget, the handler reached the database within a
+    quarter of it, and its process is not kept apart: a handler that ran
+    longer than half the budget after its first statement keeps its
+    process's handlers apart for ``memory`` times that run (a 5 s run: 50 s;
+    a 30 ms stall of a loaded machine: 0.3 s). So the one long run that
+    nothing warned of holds at most ``MAX_JOINED`` outcomes, once
+    (docs/lifecycle.md#the-batch-transaction)."""
+
+    #: the most finished outcomes a handler's transaction may hold when it joins
+    MAX_JOINED = 3
 
     def __init__(self, budget_seconds: float, memory: float = 10.0) -> None:
         self.budget = budget_seconds
@@ -303,6 +308,8 @@ class JoinPolicy:
     def may_join(self, lane: Lane, now: float) -> bool:
         task = lane.running
         if task is None or lane.oldest is None or self.budget <= 0:
+            return False
+        if len(lane.group.tasks) >= self.MAX_JOINED:
             return False
         if now - lane.oldest >= self.budget * 0.75 or now - lane.running_since >= self.budget / 4:
             return False

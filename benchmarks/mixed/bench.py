@@ -13,6 +13,9 @@ in one invocation). CASE:
   10 ms), 1 in 100 sleeps 0.5 s, the others 2 ms; 8 lanes;
 - ``bimodal`` (ours): 100 tasks a second for 20 s, 1 in 50 is a 1 s call
   (a third-party API), the others 5 ms of work; 4 lanes, about 60% busy.
+  sqla-queue's handler reads first (``SELECT 1`` on its Session) and then
+  sleeps: its transaction is open during the call (the hard case for
+  committing its neighbours' outcomes: docs/lifecycle.md).
 
 Every handler sleeps its task's duration (time.sleep in a sync sqla-queue
 worker, asyncio.sleep in the others), then writes one effect row
@@ -122,11 +125,11 @@ class System:
         args = [sys.executable, str(HERE / f"worker_{self.name}.py"), self.url, str(self.lanes)]
         return args + ([self.pgq_mode] if self.name == "pgqueuer" else [])
 
-    def enqueuer(self) -> Any:
+    def enqueuer(self, case: str) -> Any:
         if self.name.startswith("sqla_queue"):
             import mixed_worker
 
-            return mixed_worker.Enqueuer(self.url)
+            return mixed_worker.Enqueuer(self.url, read_first=case == "bimodal")
         return PeerEnqueuer(self.name, self.url)
 
     def done(self, conn: psycopg.Connection[Any], known: list[int]) -> list[int]:
@@ -230,7 +233,7 @@ def run(system: System, case: str, tag: str) -> dict[str, Any]:
     log = open(RESULTS / f"{system.name}_{case}_{tag}.worker.log", "w")  # noqa: SIM115
     env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     worker = subprocess.Popen(system.worker(), stdout=log, stderr=subprocess.STDOUT, env=env)
-    enqueuer = system.enqueuer()
+    enqueuer = system.enqueuer(case)
     state: dict[str, Any] = {"effect": {}, "done": {}, "ids": [], "id2key": {}}
     enq_t: dict[int, float] = {}
     stop = threading.Event()
