@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import ResourceClosedError
 from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only
 
@@ -278,6 +279,9 @@ class LaneSession(Session):
         lane = self._lane
         if lane is not None:
             self._lane = None
+            if lane.work_conn is not self.bind:
+                # a handler the lane abandoned (a time limit) with its connection
+                raise ResourceClosedError("this handler's connection was given up by its lane")
             if lane.join():
                 self.join_transaction_mode = "rollback_only"
         return super().get_bind(mapper, **kw)

@@ -3,23 +3,27 @@
 The manager owns the lifecycle of the seed (see ``docs/lifecycle.md``); it
 asks its adapter for every database operation and never writes SQL itself.
 
-A batch runs in **one transaction on the work connection**. Each handler gets
-its own ORM Session on that transaction in ``create_savepoint`` mode: the
-Session opens a SAVEPOINT the first time it touches the database, so a
-failing handler's writes roll back alone, and a handler that never touches
-the database costs no round trip at all. The ``sucesso`` rows of the batch
-are written by one statement and commit together with the handlers' work,
-so a committed ``sucesso`` always means the work committed too. With
-``batch_size=1`` this is the classic one-task-per-transaction mode.
+A batch (one claim) runs on the **work connection**, one task after
+another, and its outcomes commit in **groups** (``batching.py``): the
+transaction opens at a handler's first statement, and a group commits once
+its oldest outcome has waited the commit budget, when the batch ends, or,
+while a handler runs without the database, from the lane's commit watch.
+Each handler gets its own ORM Session on that transaction, in a SAVEPOINT
+where the transaction holds other tasks' outcomes, so a failing handler's
+writes roll back alone, and a handler that never touches the database costs
+no round trip at all. A group's ``sucesso`` rows are written by one
+statement and commit together with the handlers' work, so a committed
+``sucesso`` always means the work committed too. With ``batch_size=1`` this
+is the classic one-task-per-transaction mode.
 
 Every write to a claimed task is guarded by the claim (``processando`` for
-this worker, see ``leases.py``): a batch whose ``sucesso`` update does not
+this worker, see ``leases.py``): a group whose ``sucesso`` update does not
 match all its rows lost a task to the rescue, and rolls back whole. A
 connection lost while a handler runs ends the batch: the running task's
 attempt is consumed (a task that kills its connection every time reaches the
-dead letter), the others go back to ``pendente``, on a fresh connection, and
-the lane reconnects. Where even that fails (the database is down), the
-leases run out and the rescue does the same later.
+dead letter), the others not committed go back to ``pendente``, on a fresh
+connection, and the lane reconnects. Where even that fails (the database is
+down), the leases run out and the rescue does the same later.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def run(system: System, case: str, tag: str) -> dict[str, Any]:
     durations = durations_of(case)
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         db = system.url.rsplit("/", 1)[1]
-        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")  # a worker left by a killed run
         admin.execute(f"CREATE DATABASE {db}")
     system.install()
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,14 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--batch-size",
                 type=click.IntRange(min=1),
-                help="most tasks per transaction (1: one task per transaction)",
+                help="most tasks per claim (1: one task per claim and transaction)",
+            ),
+            click.option(
+                "--commit-budget-ms",
+                type=click.FloatRange(0, 60_000),
+                help="milliseconds a finished task's outcome may wait for its commit "
+                "(0: each task commits alone) [default: the worker's commit_budget_ms, "
+                "else SQLA_QUEUE_COMMIT_BUDGET_MS, else 10]",
             ),
             click.option(
                 "--metrics-port",
@@ -110,6 +117,7 @@ def _run_worker(
     burst: bool,
     batch_size: int | None,
     log_level: str | None,
+    commit_budget_ms: float | None = None,
     log_format: str = "text",
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
@@ -129,7 +137,12 @@ def _run_worker(
 
             instrument()
         code = cls().run(
-            url, concurrency=concurrency, burst=burst, batch_size=batch_size, settings=settings
+            url,
+            concurrency=concurrency,
+            burst=burst,
+            batch_size=batch_size,
+            settings=settings,
+            commit_budget_ms=commit_budget_ms,
         )
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from exc

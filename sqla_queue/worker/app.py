@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
 from ..adapters.fairness import FairnessQueries
 from ..adapters.limits import LimitQueries, RateBuckets
-from ..catalog import TIME_LIMIT_SECONDS, TableRow
+from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import (
     configuration_table_of,
     ensure_table,
@@ -65,7 +65,9 @@ logger = logging.getLogger("sqla_queue.worker")
 class QueueApp:
     """A worker's parts (see the module). ``concurrency``: the lanes the
     engine's pool must serve; ``batch_size``: the most tasks a claim takes
-    (default: the worker's; 1 for ``transaction_per_task``)."""
+    (default: the worker's; 1 for ``transaction_per_task``);
+    ``commit_budget_ms``: the commit budget (docs/lifecycle.md), over the
+    worker's, the environment's and the configuration table's."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class QueueApp:
         engine: Engine | None = None,
         concurrency: int = 1,
         batch_size: int | None = None,
+        commit_budget_ms: float | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
         hooks: Hooks | None = None,
@@ -187,7 +190,11 @@ class QueueApp:
             lease_for=self._lease_for(),
             hooks=self.hooks,
         )
-        self.manager.commit_budget = effective["commit_budget"] / 1000
+        if commit_budget_ms is not None:
+            COMMIT_BUDGET_MS.check("commit_budget_ms", commit_budget_ms)
+        else:
+            commit_budget_ms = effective["commit_budget"]
+        self.manager.commit_budget = float(commit_budget_ms) / 1000
         self.manager.limited = self._limited_claims()
         self._main_source = self._claim_source(claim_filter, self.adapter)
         self.manager.claim_source = self._main_source

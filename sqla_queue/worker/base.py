@@ -495,9 +495,11 @@ class WorkerBase(abc.ABC):
         burst: bool = False,
         batch_size: int | None = None,
         settings: Settings | None = None,
+        commit_budget_ms: float | None = None,
     ) -> int:
         """Process tasks until stopped (or, with ``burst``, until none is
-        ready). Returns the process exit status (0)."""
+        ready). Returns the process exit status (0). ``commit_budget_ms``:
+        over ``commit_budget_ms``'s other sources (docs/lifecycle.md)."""
         from .runner import Runner
 
         if type(self).is_async():
@@ -510,6 +512,7 @@ class WorkerBase(abc.ABC):
             concurrency=concurrency,
             burst=burst,
             batch_size=batch_size,
+            commit_budget_ms=commit_budget_ms,
             settings=settings,
         ).run()
 

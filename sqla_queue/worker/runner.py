@@ -137,6 +137,7 @@ class Runner:
         concurrency: int = 1,
         burst: bool = False,
         batch_size: int | None = None,
+        commit_budget_ms: float | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
         app: QueueApp | None = None,
@@ -156,6 +157,7 @@ class Runner:
                 engine=engine,
                 concurrency=concurrency,
                 batch_size=batch_size,
+                commit_budget_ms=commit_budget_ms,
                 settings=settings,
                 clock=clock,
             )
@@ -198,7 +200,7 @@ class Runner:
             self.manager,
             self.lanes,
             single_writer=self.adapter.single_writer,
-            idle_lane=lambda: not all(self.busy),
+            idle_lane=lambda: self.wake.waiting > 0,
         )
         for lane in self.lanes:
             lane.on_hand_back = self._handed_back
@@ -422,7 +424,10 @@ class Runner:
                 # reconnect, whatever the schedule and the lock say
                 self._run_routine("rescue")
             while not self.stopping.is_set():
-                batch = limit.value
+                # while another lane waits for work, take one task and wake
+                # it (the claim is full): tasks that arrive together run side
+                # by side, not one after another in this lane
+                batch = 1 if self.wake.waiting else limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
                     promoted_since = False

@@ -37,6 +37,8 @@ class LaneWakeup:
         # wake-ups not yet taken, at most one per lane: a burst of
         # notifications while every lane is busy is worth one claim each
         self._pending = 0
+        #: lanes waiting for a wake-up now
+        self.waiting = 0
 
     def set(self) -> None:
         """Wake one waiting lane, or the next one to wait."""
@@ -56,7 +58,11 @@ class LaneWakeup:
         (False: the timeout, the fallback poll)."""
         with self._condition:
             if not self._pending:
-                self._condition.wait(timeout)
+                self.waiting += 1
+                try:
+                    self._condition.wait(timeout)
+                finally:
+                    self.waiting -= 1
             if self._pending:
                 self._pending -= 1
                 return True
@@ -118,8 +124,13 @@ class AsyncLaneWakeup(LaneWakeup):
                 return True
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(waiter, timeout)
+            self.waiting += 1
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+        finally:
+            with self._condition:
+                self.waiting -= 1
         with self._condition:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)

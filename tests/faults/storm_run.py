@@ -18,15 +18,15 @@ import random
 import time
 from collections import Counter
 
+from sqla_queue import QueueClient
 from tests.acceptance.test_concurrency import (
     Spawned,
-    insert_tasks,
     statuses,
     stop_gracefully,
     worker_env,
 )
 from tests.conftest import WORKER_CLASSES, spawn_cli, wait_until
-from tests.faults.test_fleet import OPEN, assert_each_chain_ran_once
+from tests.faults.test_fleet import OPEN, _mixed, assert_each_chain_ran_once
 from tests.support.app import build
 from tests.support.servers import PrivatePostgres
 
@@ -51,7 +51,13 @@ def test_storm(private_postgres: PrivatePostgres, table_name: str) -> None:
         tick = 0
         while time.monotonic() < end:
             try:
-                ids.extend(insert_tasks(engine, app, 300))
+                # mixed durations, as the fleet test's
+                with engine.begin() as conn:
+                    ids.extend(
+                        QueueClient(conn, app.Task).insert_tasks(
+                            {"process": "bulk", "payload": _mixed(len(ids) + n)} for n in range(300)
+                        )
+                    )
             except Exception as exc:  # the server restarting: the batch rolled back
                 print("enqueue failed:", type(exc).__name__)
                 engine.dispose()

@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient
 from tests.acceptance.test_concurrency import (
     effects,
-    insert_tasks,
     spawned,
     statuses,
     stop_gracefully,
@@ -55,7 +54,14 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
 
     def enqueue(count: int) -> None:
         if not fair:
-            ids.extend(insert_tasks(engine, app, count))
+            # mixed durations: one in 40 works 0.3 s, half of those after a
+            # first read (its transaction open meanwhile), the rest nothing
+            with engine.begin() as conn:
+                ids.extend(
+                    QueueClient(conn, app.Task).insert_tasks(
+                        {"process": "bulk", "payload": _mixed(len(ids) + n)} for n in range(count)
+                    )
+                )
             return
         # half as many: each fair claim takes a lock and a count per tenant;
         # four tenants, and tasks without one
@@ -98,6 +104,12 @@ def test_fleet_survives_a_restart_and_terminated_connections_exactly_once(
 
     assert_each_chain_ran_once(engine, app, ids)
     engine.dispose()
+
+
+def _mixed(n: int) -> dict[str, Any]:
+    if n % 40:
+        return {"n": n}
+    return {"n": n, "sleep": 0.3, "touch": n % 80 == 0}
 
 
 def assert_each_chain_ran_once(engine: Engine, app: App, ids: list[int]) -> list[Any]:

@@ -80,6 +80,12 @@ def build(
         lease_seconds = float(os.environ.get("SQLA_QUEUE_TEST_LEASE", "30"))
 
         def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if isinstance(payload, dict) and payload.get("sleep"):
+                # a task of mixed durations: optionally reads first (its
+                # transaction then stays open while it works), then works
+                if payload.get("touch"):
+                    session.execute(text("SELECT 1"))
+                time.sleep(float(payload["sleep"]))
             session.add(Effect(task_id=task.id, chain_id=task.chain_id, note=str(payload)[:200]))
             if isinstance(payload, dict) and payload.get("fail"):
                 raise RuntimeError(f"asked to fail: {payload['fail']}")

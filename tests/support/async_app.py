@@ -55,6 +55,11 @@ def build(app: Any) -> AsyncApp:
         lease_seconds = float(os.environ.get("SQLA_QUEUE_TEST_LEASE", "30"))
 
         async def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if isinstance(payload, dict) and payload.get("sleep"):
+                # a task of mixed durations (as the sync RecordingWorker's)
+                if payload.get("touch"):
+                    await session.execute(text("SELECT 1"))
+                await asyncio.sleep(float(payload["sleep"]))
             session.add(Effect(task_id=task.id, chain_id=task.chain_id, note=str(payload)[:200]))
             await session.flush()
             seen = await session.scalar(
