@@ -120,7 +120,8 @@ class System:
             return [
                 sys.executable, "-m", "sqla_queue.cli", "worker", f"mixed_worker:{kind}",
                 "--url", self.url.replace("postgresql://", "postgresql+psycopg://"),
-                "--concurrency", str(self.lanes), "--log-level", "WARNING",
+                "--concurrency", str(self.lanes),
+                "--log-level", os.environ.get("MIXED_LOG_LEVEL", "WARNING"),
             ]  # fmt: skip
         args = [sys.executable, str(HERE / f"worker_{self.name}.py"), self.url, str(self.lanes)]
         return args + ([self.pgq_mode] if self.name == "pgqueuer" else [])

@@ -79,6 +79,8 @@ from .contract import Worker
 logger = logging.getLogger("sqla_queue.worker")
 
 RECONNECT_DELAY_SECONDS = 2.0
+#: the most tasks a lane claims while another lane waits for work
+SHARED_CLAIM = 2
 LISTEN_READY_TIMEOUT_SECONDS = 10.0
 
 
@@ -424,10 +426,13 @@ class Runner:
                 # reconnect, whatever the schedule and the lock say
                 self._run_routine("rescue")
             while not self.stopping.is_set():
-                # while another lane waits for work, take one task and wake
-                # it (the claim is full): tasks that arrive together run side
-                # by side, not one after another in this lane
-                batch = 1 if self.wake.waiting else limit.value
+                # while another lane waits for work, take two tasks at most:
+                # two found means more may wait, and the full claim wakes that
+                # lane; tasks that arrive together then run side by side, not
+                # one after another in this lane (a slow one's waiting
+                # batch-mate is handed back to the waiting lane: commitwatch.py),
+                # and a lone task costs one claim
+                batch = SHARED_CLAIM if self.wake.waiting else limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
                     promoted_since = False
