@@ -35,6 +35,10 @@ from ..redaction import describe_error
 
 __all__ = ["CommitWatch"]
 
+#: seconds without a batch after which the watch sleeps until the next one
+#: (an idle worker's watch costs nothing; a busy one's lanes never wake it)
+IDLE_AFTER = 1.0
+
 logger = logging.getLogger("sqla_queue.worker")
 
 
@@ -63,14 +67,25 @@ class CommitWatch:
         self._active = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop_active: asyncio.Event | None = None
+        #: whether the watch sleeps until a lane begins a batch
+        self._sleeping = False
+        self._last_busy = 0.0
 
     # --------------------------------------------------------------- checks
     def busy(self) -> None:
-        """A lane began a batch: look until none runs one (called on the
-        lane's thread, or for coroutine lanes on their loop)."""
-        self._active.set()
-        if self._loop_active is not None:
-            self._loop_active.set()
+        """A lane began a batch (called on the lane's thread, or for
+        coroutine lanes on their loop): wake the watch if it sleeps. A watch
+        that saw a batch within the last ``IDLE_AFTER`` seconds is looking
+        already, and a lane that starts a batch then costs it nothing."""
+        self._last_busy = time.monotonic()
+        if self._sleeping:
+            self._active.set()
+            if self._loop_active is not None:
+                self._loop_active.set()
+
+    def _idle(self) -> bool:
+        """No lane has run a batch for ``IDLE_AFTER`` seconds."""
+        return not self._any_running() and time.monotonic() - self._last_busy > IDLE_AFTER
 
     def check(self, lane: Lane, now: float) -> None:
         """One look at ``lane``, its gate held."""
@@ -103,9 +118,12 @@ class CommitWatch:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            self._active.clear()
-            if not self._any_running():
-                self._active.wait()
+            if self._idle():
+                self._sleeping = True
+                self._active.clear()
+                if self._idle():  # a batch that began meanwhile saw the watch awake
+                    self._active.wait()
+                self._sleeping = False
                 continue
             if self._stop.wait(self.interval):
                 return
@@ -128,9 +146,12 @@ class CommitWatch:
             return
         active = self._loop_active = asyncio.Event()
         while not stopped.is_set():
-            active.clear()
-            if not self._any_running():
-                await _first(stopped, active)
+            if self._idle():
+                self._sleeping = True
+                active.clear()
+                if self._idle():
+                    await _first(stopped, active)
+                self._sleeping = False
                 continue
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stopped.wait(), self.interval)
