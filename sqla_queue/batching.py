@@ -152,8 +152,6 @@ class Lane:
         self.waiting: deque[TaskRecord] = deque()
         #: ids whose per-task lock is not released yet
         self.locked: set[int] = set()
-        #: tasks went back to ``pendente``: wake the other workers after the batch
-        self.notify_after = False
         #: tasks to run each in a transaction of its own (a group that failed
         #: at its commit: the one at fault is found)
         self.alone: set[int] = set()
@@ -198,7 +196,6 @@ class Lane:
         self.batch = tasks
         self.waiting = deque(tasks)
         self.locked = {task.id for task in tasks}
-        self.notify_after = False
         self.may_hand_back = True
         self.handed_back = []
         self.succeeded = self.failed = 0

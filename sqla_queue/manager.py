@@ -352,7 +352,7 @@ class TaskManager:
             handed_back=lane.handed_back,
             seconds=time.perf_counter() - started,
         )
-        if lane.notify_after and self.adapter.supports_notify:
+        if result.handed_back and self.adapter.supports_notify:
             with claim_conn.begin():
                 self.adapter.notify(claim_conn)
         if self.hooks.wanted(BATCH_COMMITTED):
@@ -517,7 +517,6 @@ class TaskManager:
         self._hand_back_after_rollback(conn, back)
         self.claims.discard(back)
         lane.handed_back += back
-        lane.notify_after = True
         if raising and not isinstance(exc, ClaimLost) and not rerun:
             raise exc
         if not isinstance(exc, (ClaimLost, DBAPIError)):
