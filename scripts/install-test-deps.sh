@@ -6,7 +6,7 @@
 # and for the Spark tests a Java runtime and the JDBC drivers Spark reads the
 # queue tables with (PySpark bundles none, and Maven is not reachable: Debian's
 # jars, at the paths sqla_queue.spark looks at), and chromium with its driver
-# for the dashboard's browser tests. Does nothing when everything
+# for the dashboard's browser tests, and iptables for the partition tests. Does nothing when everything
 # is there (no network call); when a package is missing, runs apt-get update
 # first (a fresh machine's package lists are empty or stale: install alone
 # fails there, or fetches versions the mirror no longer has), then apt-get
@@ -29,6 +29,9 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 # chromium and its chromedriver, driven by Selenium (nothing downloads a browser)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# the partition tests (tests/faults/test_partition.py) drop a worker's packets
+# by its cgroup
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 warn() { echo "install-test-deps: $* (tests needing ${missing[*]} will skip)" >&2; exit 0; }

@@ -47,6 +47,8 @@ TIME_LIMIT_SECONDS = Range(0, 7 * 24 * 3600, low_open=True, unit="seconds")
 ITEM_DELAY_SECONDS = Range(0, 24 * 3600, unit="seconds")
 #: a minute: an outcome that may wait longer than that is a transaction held open too long
 COMMIT_BUDGET_MS = Range(0, 60_000, unit="milliseconds")
+#: seconds: below two, keepalive probes a second apart could not fit in it
+DEAD_PEER_SECONDS = Range(2, 7 * 24 * 3600, unit="seconds")
 #: minutes; 0 turns the TTL off; at most ten years
 ITEM_TTL_MINUTES = Range(0, 10 * 365 * 24 * 60, unit="minutes")
 BACKOFF_BASE_SECONDS = Range(0, 86_400, unit="seconds")
@@ -456,6 +458,20 @@ CATALOGUE: tuple[Setting, ...] = (
         default=10,
         attribute="commit_budget_ms",
         table=("commit_budget_ms",),
+    ),
+    _s(
+        "dead_peer",
+        _LEASE,
+        "Seconds after which a worker cut off by the network holds nothing: the database ends "
+        "its sessions (their locks and open transactions) and its routine locks lapse, and the "
+        "worker itself sees its connections fail (docs/lifecycle.md#network-partitions). "
+        "`auto`: twice `lease_seconds` (at least 2).",
+        env=("SQLA_QUEUE_DEAD_PEER_SECONDS",),
+        kind=Number(DEAD_PEER_SECONDS, none_words=("auto",)),
+        default=None,
+        default_text="auto",
+        attribute="dead_peer_seconds",
+        table=("dead_peer_seconds",),
     ),
     _s(
         "time_limit",

@@ -31,11 +31,13 @@ def adapter_for(
     claim_filter: ClaimFilter | None = None,
     nsj_locks: bool = False,
     in_caller_transaction: bool = False,
+    dead_peer_seconds: float | None = None,
 ) -> Adapter:
     """The adapter for ``dialect``'s family; ``claim_filter`` restricts what
     its claims take (a worker's processes, a pub/sub worker's subscribers).
     ``nsj_locks``: take nsj-queue-lib's task lock too, so that its workers
-    and sqla-queue's can share the queue (PostgreSQL, with task locks)."""
+    and sqla-queue's can share the queue (PostgreSQL, with task locks).
+    ``dead_peer_seconds``: see ``Adapter.guard_dead_peers``."""
     family = dialect_family(dialect)
     try:
         module, name = _ADAPTERS[family]
@@ -63,6 +65,7 @@ def adapter_for(
         task_locks=task_locks,
         claim_filter=claim_filter,
         in_caller_transaction=in_caller_transaction,
+        dead_peer_seconds=dead_peer_seconds,
     )
 
 

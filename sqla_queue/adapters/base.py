@@ -342,7 +342,11 @@ class Adapter:
         task_locks: bool = True,
         claim_filter: ClaimFilter | None = None,
         in_caller_transaction: bool = False,
+        dead_peer_seconds: float | None = None,
     ) -> None:
+        #: seconds after which a worker cut off by the network holds nothing
+        #: (liveness.py); None: the database's and the system's defaults
+        self.dead_peer_seconds = dead_peer_seconds
         #: the statements run in a transaction of the caller's that began
         #: before its tasks were enqueued (sqla_queue.testing): "now" must be
         #: the statement's time, not the transaction's start
@@ -489,6 +493,18 @@ class Adapter:
 
     def prepare_engine(self, engine: Engine) -> None:
         """Per-dialect settings the worker needs on its own engine."""
+
+    def guard_dead_peers(self, engine: Engine) -> None:
+        """Make ``engine``'s connections give up on a silent peer within
+        ``dead_peer_seconds`` (liveness.py), on the client's side and, where
+        the database lets a session choose, on the server's."""
+
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+        """Have the server end ``conn``'s session once it has been idle for
+        ``seconds`` (``local``: only while the open transaction lasts);
+        whether this database can. The routine lock's connection, which
+        its holder pings, so that a silent holder loses it."""
+        return False
 
     def connect_claim(self, engine: Engine) -> Connection:
         conn = engine.connect()

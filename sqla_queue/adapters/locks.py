@@ -20,6 +20,15 @@ routines at once):
   of the queue, and the operating system frees it with the process.
   An in-memory database has a single process: an in-process lock serves.
 
+With a dead-peer bound (``dead_peer_seconds``: liveness.py) a database
+lock's connection is one the server ends once idle for the bound
+(``end_when_idle``), and the holder pings it every quarter of the bound: a
+holder cut off by the network stops pinging, and the server frees its locks
+within the bound whatever TCP keepalive says. A holder that comes back finds
+its connection gone: a lock is held only while the ping (or the try that
+took it) reaches the server, and the scheduler takes it again, on the
+server, at every slot.
+
 Names are namespaced per queue table, so two queues never share a lock.
 Should a lock ever be taken twice, the routines survive running on two
 workers at once (each takes only rows no other transaction holds).
@@ -31,10 +40,11 @@ import contextlib
 import logging
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, select
 
 from ..redaction import describe_error
 
@@ -70,6 +80,45 @@ def routine_key(name: str) -> int:
     return value - (1 << 32) if value >= (1 << 31) else value
 
 
+class _Pings:
+    """A thread that calls ``ping`` every ``interval`` seconds until
+    :meth:`stop`: keeps a lock's connection from ending idle."""
+
+    def __init__(self, name: str, interval: float, ping: Callable[[], None]) -> None:
+        self.name = name
+        self.interval = interval
+        self.ping = ping
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.ping()
+            except Exception as exc:  # a bug of ours: the next ping tries again
+                logger.warning("%s: %s", self.name, describe_error(exc))
+
+
+def _pings(owner: Any, adapter: Adapter, ping: Callable[[], None]) -> _Pings | None:
+    """The pings of a lock whose adapter has a dead-peer bound."""
+    bound = adapter.dead_peer_seconds
+    if bound is None:
+        return None
+    return _Pings(f"sqla-queue-lock-ping-{id(owner):x}", bound / 4, ping)
+
+
 class DatabaseRoutineLock:
     """Advisory locks / GET_LOCK, held on one connection of their own, kept
     for the worker's life (taken from the pool once, not at every slot)."""
@@ -81,12 +130,39 @@ class DatabaseRoutineLock:
         self._held: set[str] = set()
         self._mutex = threading.Lock()
         self._failing = False
+        self._pings = _pings(self, adapter, self._ping)
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
             self._held.clear()  # whatever the old connection held died with it
-            self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._conn = conn
+            bound = self.adapter.dead_peer_seconds
+            if bound is not None and self._pings is not None:
+                with conn.begin():
+                    self.adapter.end_when_idle(conn, bound)
+                self._pings.start()
         return self._conn
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The names this object holds now."""
+        with self._mutex:
+            return frozenset(self._held)
+
+    def _ping(self) -> None:
+        with self._mutex:
+            conn = self._conn
+            if conn is None:
+                return
+            try:
+                with conn.begin():
+                    conn.execute(select(1))
+            except Exception as exc:  # the server ended the session: its locks are gone
+                if self._held:
+                    names = ", ".join(sorted(self._held))
+                    logger.warning("routine locks %s lost: %s", names, describe_error(exc))
+                self._drop()
 
     def try_acquire(self, name: str) -> bool:
         with self._mutex:
@@ -128,6 +204,8 @@ class DatabaseRoutineLock:
         closed connection's locks a moment later, not at once), then the
         connection, for good: not to the pool, where a lock that could not
         be released would outlive us."""
+        if self._pings is not None:
+            self._pings.stop()
         for name in list(self._held):
             self.release(name)
         with self._mutex:
@@ -149,6 +227,23 @@ class _TransactionPerLock:
     def __init__(self) -> None:
         self._held: dict[str, Any] = {}
         self._mutex = threading.Lock()
+        self._pings: _Pings | None = None
+
+    def _ping(self) -> None:
+        """Each held lock's transaction, kept from ending idle; a lock whose
+        session the server ended is dropped."""
+        with self._mutex:
+            held = list(self._held.items())
+        for name, conn in held:
+            try:
+                conn.execute(select(1))
+            except Exception as exc:
+                logger.warning("routine lock %s lost: %s", name, describe_error(exc))
+                with self._mutex:
+                    if self._held.get(name) is conn:
+                        del self._held[name]
+                with contextlib.suppress(Exception):
+                    conn.invalidate()
 
     def _open(self, name: str) -> Any:
         """A connection holding ``name``'s lock in its open transaction, or
@@ -176,6 +271,8 @@ class _TransactionPerLock:
                 conn.close()
 
     def close(self) -> None:
+        if self._pings is not None:
+            self._pings.stop()
         for name in list(self._held):
             self.release(name)
 
@@ -191,6 +288,7 @@ class TransactionRoutineLock(_TransactionPerLock):
         super().__init__()
         self.engine = engine
         self.adapter = adapter
+        self._pings = _pings(self, adapter, self._ping)
 
     def _open(self, name: str) -> Any:
         conn = None
@@ -199,6 +297,12 @@ class TransactionRoutineLock(_TransactionPerLock):
             conn.begin()
             postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
             if postgres.lock_try_transaction(conn, key=routine_key(name)):
+                bound = self.adapter.dead_peer_seconds
+                if bound is not None and self._pings is not None:
+                    # SET LOCAL: behind PgBouncer a session setting would
+                    # outlive the transaction, on another client's session
+                    self.adapter.end_when_idle(conn, bound, local=True)
+                    self._pings.start()
                 return conn
         except Exception as exc:  # the database is away: nobody runs it now
             logger.debug("routine lock %s: %s", name, describe_error(exc))

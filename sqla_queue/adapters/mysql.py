@@ -13,6 +13,7 @@ Wake-ups are by polling: MySQL has no LISTEN/NOTIFY.
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 import zlib
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -36,6 +37,7 @@ from ..exceptions import SqlaQueueError
 from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
 from .base import PROMOTE_CHUNK, Adapter
+from .liveness import Keepalive, keep_socket_alive
 from .locks import DatabaseRoutineLock, RoutineLock
 
 
@@ -66,6 +68,40 @@ class MySQLAdapter(Adapter):
 
     def routine_lock(self, engine: Engine) -> RoutineLock:
         return DatabaseRoutineLock(engine, self)
+
+    def guard_dead_peers(self, engine: Engine) -> None:
+        """TCP keepalive and ``TCP_USER_TIMEOUT`` on each new connection's
+        socket (PyMySQL's), so that the worker sees a silent server within
+        the bound. The server's side of a session cannot choose its
+        keepalive here (``tcp_keepalive_time`` and its kin are global in
+        MariaDB): what a cut-off worker's session holds is freed by the
+        server's timeouts instead, ``end_when_idle`` for the routine lock and
+        ``idle_transaction_timeout`` for the claim's and the routines'
+        connections; a handler's own open transaction waits for the
+        server's global keepalive (docs/lifecycle.md#network-partitions)."""
+        if self.dead_peer_seconds is None:
+            return
+        known = engine in _GUARDED
+        _GUARDED[engine] = Keepalive.within(self.dead_peer_seconds)
+        if not known:
+            ref = weakref.ref(engine)
+
+            def keep_alive(dbapi_connection: Any, record: Any) -> None:
+                engine = ref()
+                keepalive = None if engine is None else _GUARDED.get(engine)
+                if keepalive is not None:
+                    keep_socket_alive(getattr(dbapi_connection, "_sock", None), keepalive)
+
+            event.listen(engine, "connect", keep_alive)
+
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+        if local:
+            return False  # MySQL has no setting that ends with the transaction
+        whole = max(1, int(seconds))
+        conn.execute(text(f"SET SESSION wait_timeout = {whole}"))
+        if conn.dialect.name == "mariadb" or getattr(conn.dialect, "is_mariadb", False):
+            conn.execute(text(f"SET SESSION idle_transaction_timeout = {whole}"))
+        return True
 
     def force_index(self, statement: Any, index: str) -> Any:
         """``FORCE INDEX``: InnoDB counts NULLs as one value
@@ -128,7 +164,7 @@ class MySQLAdapter(Adapter):
         # never wait for a claim
         conn = engine.connect().execution_options(isolation_level="READ COMMITTED")
         if self.task_locks:
-            _keep_alive_while_idle(conn)
+            _keep_alive_while_idle(conn, self.dead_peer_seconds)
         return conn
 
     def connect_maintenance(self, engine: Engine) -> Connection:
@@ -267,9 +303,12 @@ class MySQLAdapter(Adapter):
 #: own connections: see _keep_alive_while_idle
 _WAIT_TIMEOUT_MAX = 31_536_000
 _SESSION_MARK = "sqla_queue_wait_timeout"
+_IDLE_MARK = "sqla_queue_idle_transaction_timeout"
+#: the keepalive of each engine guard_dead_peers set up
+_GUARDED: weakref.WeakKeyDictionary[Engine, Keepalive] = weakref.WeakKeyDictionary()
 
 
-def _keep_alive_while_idle(conn: Connection) -> None:
+def _keep_alive_while_idle(conn: Connection, dead_peer_seconds: float | None = None) -> None:
     """A lane's claim connection is idle while its handlers run, and holds
     their per-task locks (GET_LOCK): a server whose ``wait_timeout`` ends it
     meanwhile frees them, and the rescue would take a healthy worker's
@@ -285,6 +324,12 @@ def _keep_alive_while_idle(conn: Connection) -> None:
         event.listen(pool, "checkin", _reset_wait_timeout)
     with conn.begin():
         conn.execute(text(f"SET SESSION wait_timeout = {_WAIT_TIMEOUT_MAX}"))
+        if dead_peer_seconds is not None and getattr(conn.dialect, "is_mariadb", False):
+            # the claim's and the routines' transactions are short: one that
+            # a cut-off worker left open (its row locks) ends within the bound
+            whole = max(1, int(dead_peer_seconds))
+            conn.execute(text(f"SET SESSION idle_transaction_timeout = {whole}"))
+            record.info[_IDLE_MARK] = True
     record.info[_SESSION_MARK] = True
 
 
@@ -294,6 +339,10 @@ def _reset_wait_timeout(dbapi_connection: Any, record: Any) -> None:
     try:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+            if record.info.pop(_IDLE_MARK, False):
+                cursor.execute(
+                    "SET SESSION idle_transaction_timeout = @@GLOBAL.idle_transaction_timeout"
+                )
     except Exception:  # a broken connection: the pool's own check will drop it
         record.invalidate()
 

@@ -16,6 +16,7 @@ import datetime as dt
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -62,6 +63,7 @@ from .base import (
     driver_cursor,
     statements_unobserved,
 )
+from .liveness import Keepalive
 from .locks import DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
@@ -625,6 +627,11 @@ class PostgresAdapter(Adapter):
             if not event.contains(pool, "checkin", _reset_session):
                 event.listen(pool, "checkin", _reset_session)
             names = _session_settings(conn.dialect.server_version_info)
+            if self.dead_peer_seconds is not None:
+                # our own transactions are short: one a cut-off worker left
+                # open ends with its session within the bound (liveness.py)
+                bound = str(int(self.dead_peer_seconds * 1000))
+                names.append(("idle_in_transaction_session_timeout", bound))
             with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
                 for name, value in names:
                     conn.execute(text("SELECT set_config(:n, :v, false)"), {"n": name, "v": value})
@@ -704,6 +711,31 @@ class PostgresAdapter(Adapter):
             {"ns": self.maintenance_lock_namespace, "key": key},
         )
 
+    def guard_dead_peers(self, engine: Engine) -> None:
+        """libpq's keepalive and ``tcp_user_timeout`` parameters on every new
+        connection (those the URL or ``connect_args`` give win), and the
+        server's side of each session set the same (``tcp_keepalives_*``,
+        ``tcp_user_timeout``), so that the server ends a silent worker's
+        backends. Not behind a transaction-pooling PgBouncer (``task_locks``
+        off): there the server's peer is PgBouncer, whose own keepalive
+        settings decide (docs/pgbouncer.md), and a session setting would
+        reach another client."""
+        if self.dead_peer_seconds is not None:
+            _guard(engine, Keepalive.within(self.dead_peer_seconds), server_side=self.task_locks)
+
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+        names = ["idle_in_transaction_session_timeout"]
+        if not local:
+            names.append("idle_session_timeout")
+        conn.execute(
+            text(
+                "SELECT set_config(s.name, :value, :local) FROM pg_settings AS s "
+                "WHERE s.name = ANY(:names)"
+            ),
+            {"value": str(int(seconds * 1000)), "local": local, "names": names},
+        )
+        return True
+
     def lock_try_transaction(self, conn: Connection, *, key: int) -> bool:
         """Like lock_try, held until ``conn``'s transaction ends: the form a
         transaction-pooling PgBouncer keeps on one server session."""
@@ -772,6 +804,60 @@ def _session_settings(version: tuple[Any, ...] | None) -> list[tuple[str, str]]:
     """The SESSION_SETTINGS a server of ``version`` has."""
     major = tuple(version or (0,))[:1]
     return [(name, value) for name, value, since in SESSION_SETTINGS if major >= since]
+
+
+#: the keepalive of each engine guard_dead_peers set up, and whether its
+#: sessions set the server's side too
+_GUARDED: weakref.WeakKeyDictionary[Engine, tuple[Keepalive, bool]] = weakref.WeakKeyDictionary()
+
+
+def _guard(engine: Engine, keepalive: Keepalive, *, server_side: bool) -> None:
+    """Give ``engine``'s new connections ``keepalive`` (see guard_dead_peers);
+    once per engine, the latest values winning."""
+    known = engine in _GUARDED
+    _GUARDED[engine] = (keepalive, server_side)
+    if known:
+        return
+    ref = weakref.ref(engine)
+
+    def client_side(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        guard = _GUARDED.get(ref()) if ref() is not None else None  # type: ignore[arg-type]
+        if guard is None:
+            return
+        k = guard[0]
+        cparams.setdefault("keepalives", 1)
+        cparams.setdefault("keepalives_idle", k.idle)
+        cparams.setdefault("keepalives_interval", k.interval)
+        cparams.setdefault("keepalives_count", k.count)
+        cparams.setdefault("tcp_user_timeout", k.user_timeout_ms)
+
+    def server_side_of(dbapi_connection: Any, record: Any) -> None:
+        guard = _GUARDED.get(ref()) if ref() is not None else None  # type: ignore[arg-type]
+        if guard is None or not guard[1]:
+            return
+        k = guard[0]
+        values = (
+            ("tcp_keepalives_idle", k.idle),
+            ("tcp_keepalives_interval", k.interval),
+            ("tcp_keepalives_count", k.count),
+            ("tcp_user_timeout", k.user_timeout_ms),
+        )
+        # the settings this server has (tcp_user_timeout: 12+); over a Unix
+        # socket the server ignores them. Whole numbers of ours, no input
+        rows = ", ".join(f"('{name}', '{int(value)}')" for name, value in values)
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(
+                "SELECT set_config(s.name, v.value, false) FROM (VALUES "
+                + rows
+                + ") AS v(name, value) JOIN pg_settings AS s ON s.name = v.name"
+            )
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
+
+    event.listen(engine, "do_connect", client_side)
+    event.listen(engine, "connect", server_side_of)
 
 
 def _reset_session(dbapi_connection: Any, record: Any) -> None:

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
 from ..adapters.fairness import FairnessQueries
 from ..adapters.limits import LimitQueries, RateBuckets
+from ..adapters.liveness import default_bound
 from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS, TableRow
 from ..configuration_table import (
     configuration_table_of,
@@ -137,8 +138,17 @@ class QueueApp:
                 claim_filter or ClaimFilter(), delay_seconds=effective["item_delay"]
             )
         in_transaction = connection is not None  # one connection: no lock to outlive it
+        #: seconds after which this worker, cut off by the network, holds
+        #: nothing (adapters/liveness.py)
+        self.dead_peer_seconds: float | None = None
+        if not in_transaction:
+            bound = effective["dead_peer"]
+            self.dead_peer_seconds = (
+                default_bound(self.lease.seconds) if bound is None else float(bound)
+            )
         self._claim_filter = claim_filter
         self._adapter_options: dict[str, Any] = {
+            "dead_peer_seconds": self.dead_peer_seconds,
             "task_locks": not in_transaction
             and providers.task_locks(effective["task_locks"], self.settings),
             "nsj_locks": not in_transaction
@@ -163,9 +173,9 @@ class QueueApp:
         self._paused_adapters: dict[frozenset[str], ClaimSource] = {}
         providers.check_adapter(self.adapter, self.settings)
         if not in_transaction:
-            self.adapter.prepare_engine(self.engine)
-            if self.lane_engine is not self.engine:
-                self.adapter.prepare_engine(self.lane_engine)
+            for prepared in {self.engine, self.lane_engine}:
+                self.adapter.prepare_engine(prepared)
+                self.adapter.guard_dead_peers(prepared)
         self.worker_id = new_worker_id()
         #: the observers of outcomes (hooks.py): the process's registry by default
         self.hooks = registry if hooks is None else hooks

@@ -94,6 +94,11 @@ class WorkerBase(abc.ABC):
     #: outcomes of quick tasks share one); None: SQLA_QUEUE_COMMIT_BUDGET_MS,
     #: queue_configuration.commit_budget_ms, 10
     commit_budget_ms: ClassVar[float | None] = None
+    #: seconds after which a worker cut off by the network holds nothing
+    #: (its sessions end, its routine locks lapse: docs/lifecycle.md); None:
+    #: SQLA_QUEUE_DEAD_PEER_SECONDS, queue_configuration.dead_peer_seconds,
+    #: twice the lease
+    dead_peer_seconds: ClassVar[float | None] = None
     #: seconds a handler may run before it is abandoned (timelimit.py)
     time_limit_seconds: ClassVar[float | None] = None
     #: seconds a task waits after its time before it may be claimed

@@ -80,6 +80,13 @@ def build(
         lease_seconds = float(os.environ.get("SQLA_QUEUE_TEST_LEASE", "30"))
 
         def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if isinstance(payload, dict) and payload.get("keyed"):
+                # an idempotency key, written first: the row stays locked by
+                # this attempt's transaction while the handler works on
+                session.execute(
+                    text(f"INSERT INTO {table}_keyed (chain_id, task_id) VALUES (:chain, :task)"),
+                    {"chain": task.chain_id, "task": task.id},
+                )
             if isinstance(payload, dict) and payload.get("sleep"):
                 # a task of mixed durations: optionally reads first (its
                 # transaction then stays open while it works), then works

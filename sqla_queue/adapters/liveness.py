@@ -1,0 +1,80 @@
+"""Dead peers: how long a worker cut off by the network keeps anything.
+
+A network partition closes nothing: the server keeps a silent worker's
+sessions, with their locks and open transactions, until TCP tells it the
+peer is gone, which with the operating system's keepalive defaults takes
+more than two hours. A worker sets a bound instead, ``dead_peer_seconds``
+(twice the lease by default; docs/lifecycle.md#network-partitions), and
+each side of each of its connections gives up on a silent peer within it:
+
+- TCP keepalive probes on an idle connection (the first after a quarter of
+  the bound, then every eighth, three unanswered end it), and
+  ``TCP_USER_TIMEOUT`` (the bound) for a connection with data the peer
+  never acknowledged. The adapters set both on the client's socket (libpq's
+  connection parameters; PyMySQL's socket) and, where the database lets a
+  session choose (PostgreSQL), on the server's side of the worker's
+  sessions.
+- The routine lock's connection is ended by the server itself once idle
+  for the bound (``idle_session_timeout``, ``wait_timeout``), whatever TCP
+  says; its holder keeps it busy with a ping every quarter of the bound
+  (``sqla_queue.adapters.locks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Keepalive", "default_bound", "keep_socket_alive"]
+
+
+def default_bound(lease_seconds: float) -> float:
+    """The bound when none is set: two leases, at least two seconds."""
+    return max(2.0, 2 * float(lease_seconds))
+
+
+@dataclass(frozen=True)
+class Keepalive:
+    """TCP keepalive timings whose sum stays within a bound (whole seconds:
+    the kernel's unit)."""
+
+    idle: int
+    interval: int
+    count: int
+    user_timeout_ms: int
+
+    @classmethod
+    def within(cls, seconds: float) -> Keepalive:
+        idle = max(1, int(seconds // 4))
+        interval = max(1, int(seconds // 8))
+        count = max(1, min(3, int((seconds - idle) // interval)))
+        return cls(idle, interval, count, max(1000, int(seconds * 1000)))
+
+    @property
+    def detects_within(self) -> int:
+        """Seconds an idle connection's silent peer takes to be found."""
+        return self.idle + self.interval * self.count
+
+
+def keep_socket_alive(sock: Any, keepalive: Keepalive) -> bool:
+    """Set ``keepalive`` on a client socket; whether it could (Linux has
+    every option; elsewhere what the platform has is set)."""
+    if not isinstance(sock, socket.socket) or sock.family not in (
+        socket.AF_INET,
+        socket.AF_INET6,
+    ):
+        return False
+    options = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), keepalive.idle),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), keepalive.interval),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), keepalive.count),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), keepalive.user_timeout_ms),
+    ]
+    for level, option, value in options:
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
+    return True
