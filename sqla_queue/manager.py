@@ -811,7 +811,30 @@ class TaskManager:
                 ", ".join(task_label(task) for task in rescued),
             )
             self.hooks.emit([TaskEvent(TASK_RESCUED, task, RESCUED_ERROR) for task in rescued])
+            self._end_sessions_of(conn, {task.worker_id for task in rescued})
         return len(rescued)
+
+    def _end_sessions_of(self, conn: Connection, owners: set[str | None]) -> None:
+        """Fence the workers whose claims were just rescued: end their lanes'
+        sessions where the database cannot find a silent peer itself
+        (``Adapter.end_sessions``), so that the rows their open transactions
+        wrote (an idempotency key) do not hold up the tasks' next attempts
+        (docs/lifecycle.md#network-partitions). Never this worker's own."""
+        others = sorted(owner for owner in owners if owner and owner != self.owner)
+        if not others:
+            return
+        try:
+            with conn.begin():
+                ended = self.adapter.end_sessions(conn, owners=others)
+        except Exception as exc:  # their sessions end with the server's timeouts instead
+            logger.warning("could not end the sessions of %s: %s", others, describe_error(exc))
+            return
+        if ended:
+            logger.warning(
+                "ended %d session(s) of worker(s) %s, whose claims were lost",
+                ended,
+                ", ".join(others),
+            )
 
 
 @dataclass(frozen=True)

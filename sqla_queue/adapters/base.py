@@ -499,6 +499,21 @@ class Adapter:
         ``dead_peer_seconds`` (liveness.py), on the client's side and, where
         the database lets a session choose, on the server's."""
 
+    def mark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        """Name ``conn`` as lane ``slot``'s working session of worker
+        ``owner``, so that :meth:`end_sessions` can find it (where the
+        server's side of a session cannot find a silent peer itself)."""
+
+    def unmark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        """Undo :meth:`mark_session` (the lane stops; the connection may go
+        back to the pool)."""
+
+    def end_sessions(self, conn: Connection, *, owners: Sequence[str]) -> int:
+        """End the marked sessions of workers ``owners``, whose claims were
+        lost (the rescue took their tasks), so that what their open
+        transactions hold is freed; how many were ended."""
+        return 0
+
     def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
         """Have the server end ``conn``'s session once it has been idle for
         ``seconds`` (``local``: only while the open transaction lasts);

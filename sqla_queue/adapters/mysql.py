@@ -13,6 +13,8 @@ Wake-ups are by polling: MySQL has no LISTEN/NOTIFY.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import logging
 import weakref
 import zlib
 from collections.abc import Sequence
@@ -31,14 +33,23 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import SqlaQueueError
 from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
+from ..redaction import describe_error
 from .base import PROMOTE_CHUNK, Adapter
 from .liveness import Keepalive, keep_socket_alive
 from .locks import DatabaseRoutineLock, RoutineLock
+
+logger = logging.getLogger("sqla_queue.manager")
+
+#: the lanes of one worker whose working sessions end_sessions looks for
+#: (a worker's concurrency beyond it leaves the later lanes to the server's
+#: keepalive)
+SESSION_SLOTS = 128
 
 
 class MySQLAdapter(Adapter):
@@ -93,6 +104,44 @@ class MySQLAdapter(Adapter):
                     keep_socket_alive(getattr(dbapi_connection, "_sock", None), keepalive)
 
             event.listen(engine, "connect", keep_alive)
+
+    def mark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        """A GET_LOCK named after the worker and the lane, held by the lane's
+        working session: ``IS_USED_LOCK`` then tells another worker's rescue
+        which server session to end (MariaDB cannot probe a silent peer per
+        session: docs/lifecycle.md#network-partitions)."""
+        name = self._session_name(conn, owner, slot)
+        conn.execute(text("SELECT GET_LOCK(:name, 0)"), {"name": name})
+
+    def unmark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        name = self._session_name(conn, owner, slot)
+        conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+
+    def end_sessions(self, conn: Connection, *, owners: Sequence[str]) -> int:
+        names = {
+            f"n{at}": self._session_name(conn, owner, slot)
+            for at, (owner, slot) in enumerate(
+                (owner, slot) for owner in owners for slot in range(SESSION_SLOTS)
+            )
+        }
+        if not names:
+            return 0
+        held = ", ".join(f"IS_USED_LOCK(:{key})" for key in names)
+        found = conn.execute(text(f"SELECT CONNECTION_ID(), {held}"), names).one()
+        me, sessions = found[0], {int(i) for i in found[1:] if i is not None}
+        ended = 0
+        for session in sorted(sessions - {me}):
+            try:
+                conn.execute(text(f"KILL CONNECTION {int(session)}"))
+                ended += 1
+            except DBAPIError as exc:  # gone already, or not ours to end
+                logger.warning("could not end session %d: %s", session, describe_error(exc))
+        return ended
+
+    def _session_name(self, conn: Connection, owner: str, slot: int) -> str:
+        # GET_LOCK names are at most 64 characters: the owner as a digest
+        digest = hashlib.blake2b(owner.encode(), digest_size=8).hexdigest()
+        return f"{self._lock_prefix(conn)}w:{digest}:{int(slot)}"
 
     def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
         if local:

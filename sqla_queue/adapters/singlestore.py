@@ -85,6 +85,17 @@ class SingleStoreAdapter(MySQLAdapter):
     def force_index(self, statement: Any, index: str) -> Any:
         return statement  # its own planner; the hint is MariaDB's
 
+    # no GET_LOCK to name a session by: a silent worker's sessions are left
+    # to the server (its keepalive, its timeouts)
+    def mark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        pass
+
+    def unmark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
+        pass
+
+    def end_sessions(self, conn: Connection, *, owners: Sequence[str]) -> int:
+        return 0
+
     def _prepare(self) -> None:
         super()._prepare()
         c = self.table.c

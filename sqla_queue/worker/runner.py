@@ -55,6 +55,7 @@ from sqlalchemy.exc import (
     DBAPIError,
     PendingRollbackError,
     ResourceClosedError,
+    SQLAlchemyError,
 )
 from sqlalchemy.orm import Session
 
@@ -420,6 +421,7 @@ class Runner:
             self.adapter.connect_claim(self.lane_engine) as claim_conn,
             self.lane_engine.connect() as work_conn,
             _invalidated_on_error(claim_conn),
+            self._marked(work_conn, index),
         ):
             if index == 0:
                 # as before the routines had threads: at start and after every
@@ -477,6 +479,24 @@ class Runner:
                 retry_in = manager.claim_retry_in  # a rate limit's next token
                 timeout = self._idle_timeout()
                 self._wait_for_wake(timeout if retry_in is None else min(timeout, retry_in))
+
+    @contextlib.contextmanager
+    def _marked(self, conn: Connection, index: int) -> Iterator[None]:
+        """``conn`` named as lane ``index``'s working session while the lane
+        uses it, for another worker's rescue to end should this worker go
+        silent (``Adapter.mark_session``; MariaDB)."""
+        owner = self.manager.owner
+        try:
+            with conn.begin():
+                self.adapter.mark_session(conn, owner=owner, slot=index)
+        except SQLAlchemyError as exc:  # unmarked: the server's timeouts end it
+            logger.debug("lane %d: session not marked: %s", index, describe_error(exc))
+        try:
+            yield
+        finally:
+            if not (conn.invalidated or conn.closed):
+                with contextlib.suppress(SQLAlchemyError), conn.begin():
+                    self.adapter.unmark_session(conn, owner=owner, slot=index)
 
     def _pushed(self) -> bool:
         """Whether wake-ups are pushed now (LISTEN, or the queue server,

@@ -23,17 +23,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import BigInteger, Column, Engine, MetaData, Table, create_engine, func, select
+from sqlalchemy.engine import make_url
 
 from sqla_queue import QueueClient
+from sqla_queue.adapters.liveness import Keepalive
+from sqla_queue.settings import normalize_url
 from tests.acceptance.test_concurrency import Spawned, statuses, stop_gracefully, worker_env
-from tests.conftest import ROOT, WORKER_CLASSES, spawn_cli, wait_until
+from tests.conftest import ROOT, WORKER_CLASSES, server_url, spawn_cli, wait_until
 from tests.faults.test_fleet import OPEN, assert_each_chain_ran_once
 from tests.support.app import App, build
+from tests.support.servers import PgBouncer
 
 IPTABLES = shutil.which("iptables") or shutil.which("iptables", path="/usr/sbin:/sbin")
 #: the lease of both workers (the dead-peer bound is twice it: 4 s)
@@ -80,6 +84,7 @@ class Cut:
             "OUTPUT", "-m", "cgroup", "--path", self.name,
             "-p", "tcp", "--dport", str(port), "-j", "DROP",
         ]  # fmt: skip
+        self.rules: list[list[str]] = []
         self.active = False
 
     def spawn(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -96,12 +101,51 @@ class Cut:
         )
 
     def start(self) -> None:
-        subprocess.run([str(IPTABLES), "-A", *self.rule], check=True)
+        """Drop what the cgroup's processes send to the port, and what the
+        port sends back on their connections open now: a partition drops
+        both ways (else the server's retransmissions reach the cut-off
+        kernel, whose resets for sockets it closed meanwhile would tell the
+        server what a real partition never does)."""
+        rules = [self.rule]
+        for local in self._local_ports():
+            rules.append(
+                [
+                    "OUTPUT",
+                    "-p",
+                    "tcp",
+                    "--sport",
+                    str(self.port),
+                    "--dport",
+                    str(local),
+                    "-j",
+                    "DROP",
+                ]
+            )
+        for rule in rules:
+            subprocess.run([str(IPTABLES), "-A", *rule], check=True)
+        self.rules = rules
         self.active = True
+
+    def _local_ports(self) -> list[int]:
+        """The local ports of the cgroup's connections to the port."""
+        pids = set(self.path.joinpath("cgroup.procs").read_text().split())
+        listing = subprocess.run(
+            ["ss", "-tnpH", "state", "established", "dport", f"= :{self.port}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        ports = []
+        for line in listing.splitlines():
+            if any(f"pid={pid}," in line for pid in pids):
+                local = line.split()[2]  # Recv-Q Send-Q Local Peer Process
+                ports.append(int(local.rsplit(":", 1)[1]))
+        return ports
 
     def heal(self) -> None:
         if self.active:
-            subprocess.run([str(IPTABLES), "-D", *self.rule], check=True)
+            for rule in self.rules:
+                subprocess.run([str(IPTABLES), "-D", *rule], check=True)
             self.active = False
 
     def close(self) -> None:
@@ -113,18 +157,24 @@ class Cut:
 
 
 @pytest.fixture
-def cut(db_url: str) -> Iterator[Cut]:
+def cuts() -> Iterator[Callable[[int], Cut]]:
+    """``cuts(port)``: a :class:`Cut` of packets to ``port``, undone after."""
     why = _why_not()
     if why is not None:
         if os.environ.get("SQLA_QUEUE_REQUIRE_DATABASES"):
             pytest.fail(f"the partition tests cannot run: {why}")
         pytest.skip(why)
-    port = create_engine(db_url).url.port or (5432 if db_url.startswith("postgresql") else 3306)
-    made = Cut(port)
+    made: list[Cut] = []
+
+    def make(port: int) -> Cut:
+        made.append(Cut(port))
+        return made[-1]
+
     try:
-        yield made
+        yield make
     finally:
-        made.close()
+        for cut in made:
+            cut.close()
 
 
 def _keyed_table(app: App) -> Table:
@@ -146,16 +196,49 @@ def _owners(engine: Engine, app: App, status: str) -> dict[int, str]:
 
 @pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
 def test_a_worker_cut_off_from_the_database_stalls_nobody(
-    db_url: str, table_name: str, cut: Cut
+    db_url: str, table_name: str, cuts: Callable[[int], Cut]
 ) -> None:
+    url = make_url(db_url)
+    port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
+    _partition(db_url, db_url, table_name, cuts(port), {})
+
+
+def test_a_worker_cut_off_from_pgbouncer_stalls_nobody(
+    pgbouncer_factory: Callable[..., PgBouncer],
+    table_name: str,
+    cuts: Callable[[int], Cut],
+) -> None:
+    """Behind a transaction-pooling PgBouncer whose keepalive settings fit the
+    bound (docs/lifecycle.md#network-partitions): PgBouncer drops the silent
+    client, and with it the server connection its transaction held."""
+    keepalive = Keepalive.within(2 * LEASE)
+    bouncer = pgbouncer_factory(
+        "transaction",
+        pool_size=24,
+        tcp_keepalive=1,
+        tcp_keepidle=keepalive.idle,
+        tcp_keepintvl=keepalive.interval,
+        tcp_keepcnt=keepalive.count,
+        tcp_user_timeout=keepalive.user_timeout_ms,
+    )
+    url = f"{bouncer.url}?prepare_threshold=none"
+    direct = str(normalize_url(server_url("postgresql")).render_as_string(hide_password=False))
+    _partition(url, direct, table_name, cuts(bouncer.port), {"SQLA_QUEUE_TASK_LOCKS": "false"})
+
+
+def _partition(
+    worker_url: str, observer_url: str, table_name: str, cut: Cut, extra_env: dict[str, str]
+) -> None:
+    """The scenario of the module's docstring: workers on ``worker_url``, the
+    test's own view on ``observer_url``."""
     app = build(table_name)
-    engine = create_engine(db_url, pool_pre_ping=True)
+    engine = create_engine(observer_url, pool_pre_ping=True)
     app.Base.metadata.create_all(engine)
     keyed = _keyed_table(app)
     keyed.create(engine)
-    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE=str(LEASE))
+    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE=str(LEASE), **extra_env)
     recording = WORKER_CLASSES["sync"]["recording"]
-    args = ("worker", recording, "--url", db_url, "--log-level", "INFO")
+    args = ("worker", recording, "--url", worker_url, "--log-level", "INFO")
     # half write their key first, then work a while (the keyed effect);
     # the others only work
     payloads = [{"keyed": n % 2 == 0, "sleep": 0.4} for n in range(40)]
@@ -165,6 +248,7 @@ def test_a_worker_cut_off_from_the_database_stalls_nobody(
         )
     a = Spawned(cut.spawn(*args, "--concurrency", "2", env=env))
     workers = [a]
+    later: list[int] = []
     try:
         # A alone long enough to hold the routine locks, and in the middle
         # of tasks when the cut comes
@@ -203,7 +287,7 @@ def test_a_worker_cut_off_from_the_database_stalls_nobody(
             interval=0.1,
             message=f"A running tasks after the heal\n--- A:\n{a.output}",
         )
-        assert set(_owners(engine, app, "sucesso")[i] for i in later) == {owner_a}
+        assert {_owners(engine, app, "sucesso")[i] for i in later} == {owner_a}
         stop_gracefully([a])
         workers.remove(a)
     finally:
