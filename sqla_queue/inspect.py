@@ -47,11 +47,13 @@ from sqlalchemy.orm import Session
 
 from . import status_summary
 from .adapters import Adapter, adapter_of
-from .adapters.base import TableHealth
+from .adapters.base import LockHolder, TableHealth
 from .adapters.inspection import InspectionQueries
+from .adapters.locks import routine_key
 from .client import resolve_table
 from .configuration_table import configuration_table_of
 from .exceptions import ConfigurationError, TaskNotFoundError
+from .maintenance import ROUTINES
 from .maintenance.periodic import Periodic, last_runs, next_runs
 from .mixins import QueueMixin, Status
 from .pause import paused_processes
@@ -211,6 +213,9 @@ class QueueStatus:
     #: the worker class's periodic tasks: name, schedule, process,
     #: last_enqueued, next_run (maintenance/periodic.py)
     periodic: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the routine locks held now, by whom (where the database can say:
+    #: PostgreSQL, MariaDB/MySQL; docs/lifecycle.md#network-partitions)
+    routine_locks: list[LockHolder] = dataclasses.field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """What ``sqla-queue status --json`` and ``GET /api/status`` give."""
@@ -238,6 +243,7 @@ class QueueStatus:
             "table": None,
             "paused": sorted(self.paused),
             "periodic": self.periodic,
+            "routine_locks": [_jsonable(dataclasses.asdict(h)) for h in self.routine_locks],
             "taken_at": self.taken_at.isoformat(),
         }
         if self.health is not None:
@@ -350,6 +356,9 @@ def queue_status(
         running_rows = queries.running(conn, limit=running) if running else []
         failure_rows = queries.newest_failures(conn, limit=failures) if failures else []
         table_health = adapter.table_health(conn)
+        lock_holders = adapter.routine_lock_holders(
+            conn, keys={routine_key(name): name for name in ROUTINES}
+        )
         # the model names its configuration table (__queue_configuration__)
         paused = paused_processes(conn, queue if isinstance(queue, type) else table)
         runs = (
@@ -411,6 +420,7 @@ def queue_status(
         taken_at=now,
         paused=paused,
         periodic=next_runs(periodic, runs, now),
+        routine_locks=lock_holders,
     )
 
 

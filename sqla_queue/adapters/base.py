@@ -54,7 +54,7 @@ from ..records import TaskRecord
 from ..rows import SUCCESS_MESSAGE
 from ..types import UtcDateTime, utcnow
 
-__all__ = ["Adapter", "ClaimFilter", "Listener", "VacuumState"]
+__all__ = ["Adapter", "ClaimFilter", "Listener", "LockHolder", "VacuumState"]
 
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -315,6 +315,21 @@ def _close_quietly(cursor: Any) -> None:
             cursor.close()
 
 
+@dataclass(frozen=True)
+class LockHolder:
+    """A routine lock's holder as the database sees it: the routine, the
+    server session holding it, the worker (where the session names it), the
+    client's address, when the session began and how long it has been
+    silent (a holder cut off by the network stops pinging)."""
+
+    routine: str
+    session: int
+    worker: str | None
+    client: str | None
+    connected_at: dt.datetime | None
+    silent_seconds: float | None
+
+
 class Adapter:
     """Database operations on one queue table (portable defaults)."""
 
@@ -498,6 +513,17 @@ class Adapter:
         """Make ``engine``'s connections give up on a silent peer within
         ``dead_peer_seconds`` (liveness.py), on the client's side and, where
         the database lets a session choose, on the server's."""
+
+    def routine_lock_holders(
+        self, conn: Connection, *, keys: Mapping[int, str]
+    ) -> list[LockHolder]:
+        """Who holds the routine locks ``keys`` (lock key -> routine name)
+        now, one entry per held lock; empty where the database cannot say."""
+        return []
+
+    def name_session(self, conn: Connection, name: str, *, local: bool = False) -> None:
+        """Show ``name`` as ``conn``'s session in the server's list of
+        sessions, where it has one (``local``: for the open transaction)."""
 
     def mark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
         """Name ``conn`` as lane ``slot``'s working session of worker

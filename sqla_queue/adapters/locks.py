@@ -74,6 +74,10 @@ class RoutineLock(Protocol):
         ...
 
 
+#: what a lock's session is called, before the worker's id (application_name)
+SESSION_NAME = "sqla-queue "
+
+
 def routine_key(name: str) -> int:
     """A routine's lock key: a signed 32-bit number stable across processes."""
     value = zlib.crc32(f"sqla_queue:routine:{name}".encode())
@@ -131,6 +135,9 @@ class DatabaseRoutineLock:
         self._mutex = threading.Lock()
         self._failing = False
         self._pings = _pings(self, adapter, self._ping)
+        #: the worker holding the locks, shown in the server's session list
+        #: (``sqla-queue status`` reads it there)
+        self.owner: str | None = None
 
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
@@ -138,9 +145,12 @@ class DatabaseRoutineLock:
             conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             self._conn = conn
             bound = self.adapter.dead_peer_seconds
-            if bound is not None and self._pings is not None:
-                with conn.begin():
+            with conn.begin():
+                if self.owner is not None:
+                    self.adapter.name_session(conn, f"{SESSION_NAME}{self.owner}")
+                if bound is not None:
                     self.adapter.end_when_idle(conn, bound)
+            if self._pings is not None:
                 self._pings.start()
         return self._conn
 
@@ -289,6 +299,7 @@ class TransactionRoutineLock(_TransactionPerLock):
         self.engine = engine
         self.adapter = adapter
         self._pings = _pings(self, adapter, self._ping)
+        self.owner: str | None = None
 
     def _open(self, name: str) -> Any:
         conn = None
@@ -297,6 +308,8 @@ class TransactionRoutineLock(_TransactionPerLock):
             conn.begin()
             postgres: Any = self.adapter  # PostgresAdapter, by routine_lock_for
             if postgres.lock_try_transaction(conn, key=routine_key(name)):
+                if self.owner is not None:
+                    self.adapter.name_session(conn, f"{SESSION_NAME}{self.owner}", local=True)
                 bound = self.adapter.dead_peer_seconds
                 if bound is not None and self._pings is not None:
                     # SET LOCAL: behind PgBouncer a session setting would

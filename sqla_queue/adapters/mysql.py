@@ -17,7 +17,7 @@ import hashlib
 import logging
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sqlalchemy import (
@@ -40,7 +40,7 @@ from ..exceptions import SqlaQueueError
 from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
-from .base import PROMOTE_CHUNK, Adapter
+from .base import PROMOTE_CHUNK, Adapter, LockHolder
 from .liveness import Keepalive, keep_socket_alive
 from .locks import DatabaseRoutineLock, RoutineLock
 
@@ -104,6 +104,45 @@ class MySQLAdapter(Adapter):
                     keep_socket_alive(getattr(dbapi_connection, "_sock", None), keepalive)
 
             event.listen(engine, "connect", keep_alive)
+
+    def routine_lock_holders(
+        self, conn: Connection, *, keys: Mapping[int, str]
+    ) -> list[LockHolder]:
+        prefix = self._lock_prefix(conn)
+        names = {f"n{at}": f"{prefix}m{key}" for at, key in enumerate(keys)}
+        if not names:
+            return []
+        held = ", ".join(f"IS_USED_LOCK(:{name})" for name in names)
+        sessions = conn.execute(text(f"SELECT {held}"), names).one()
+        by_session = {
+            int(session): routine
+            for session, routine in zip(sessions, keys.values(), strict=True)
+            if session is not None
+        }
+        if not by_session:
+            return []
+        rows = conn.execute(
+            text(
+                "SELECT ID, HOST, TIME, COMMAND FROM information_schema.PROCESSLIST "
+                "WHERE ID IN :ids"
+            ).bindparams(bindparam("ids", expanding=True)),
+            {"ids": sorted(by_session)},
+        ).all()
+        seen = {int(row[0]): row for row in rows}
+        holders = []
+        for session, routine in sorted(by_session.items(), key=lambda item: item[1]):
+            row = seen.get(session)
+            holders.append(
+                LockHolder(
+                    routine=routine,
+                    session=session,
+                    worker=None,  # MariaDB's session list names no client
+                    client=None if row is None else str(row[1]),
+                    connected_at=None,
+                    silent_seconds=None if row is None or row[3] != "Sleep" else float(row[2]),
+                )
+            )
+        return holders
 
     def mark_session(self, conn: Connection, *, owner: str, slot: int) -> None:
         """A GET_LOCK named after the worker and the lane, held by the lane's

@@ -57,6 +57,7 @@ from .base import (
     Adapter,
     DriverErrors,
     Listener,
+    LockHolder,
     TableHealth,
     VacuumState,
     Wake,
@@ -64,7 +65,7 @@ from .base import (
     statements_unobserved,
 )
 from .liveness import Keepalive
-from .locks import DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
+from .locks import SESSION_NAME, DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _UNKNOWN: Any = object()
@@ -723,6 +724,33 @@ class PostgresAdapter(Adapter):
         if self.dead_peer_seconds is not None:
             _guard(engine, Keepalive.within(self.dead_peer_seconds), server_side=self.task_locks)
 
+    def name_session(self, conn: Connection, name: str, *, local: bool = False) -> None:
+        conn.execute(
+            text("SELECT set_config('application_name', :name, :local)"),
+            {"name": name[:63], "local": local},
+        )
+
+    def routine_lock_holders(
+        self, conn: Connection, *, keys: Mapping[int, str]
+    ) -> list[LockHolder]:
+        # a pair of int4 keys shows in pg_locks as (classid, objid) as oids
+        names = {key & 0xFFFFFFFF: name for key, name in keys.items()}
+        rows = conn.execute(
+            _ROUTINE_LOCK_HOLDERS, {"ns": self.maintenance_lock_namespace & 0xFFFFFFFF}
+        ).all()
+        return [
+            LockHolder(
+                routine=names[row.key],
+                session=int(row.pid),
+                worker=_worker_of(row.application_name),
+                client=row.client,
+                connected_at=row.backend_start,
+                silent_seconds=None if row.silent is None else float(row.silent),
+            )
+            for row in rows
+            if row.key in names
+        ]
+
     def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
         names = ["idle_in_transaction_session_timeout"]
         if not local:
@@ -804,6 +832,24 @@ def _session_settings(version: tuple[Any, ...] | None) -> list[tuple[str, str]]:
     """The SESSION_SETTINGS a server of ``version`` has."""
     major = tuple(version or (0,))[:1]
     return [(name, value) for name, value, since in SESSION_SETTINGS if major >= since]
+
+
+#: the routine locks held (advisory, a pair of int4 keys: the queue's
+#: maintenance namespace and the routine's key), with their sessions
+_ROUTINE_LOCK_HOLDERS = text(
+    "SELECT l.objid::bigint AS key, a.pid, a.application_name, host(a.client_addr) AS client,"
+    " a.backend_start, extract(epoch FROM clock_timestamp() - a.state_change) AS silent"
+    " FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid::bigint = :ns ORDER BY l.objid"
+)
+
+
+def _worker_of(application_name: str | None) -> str | None:
+    if application_name and application_name.startswith(SESSION_NAME):
+        return application_name[len(SESSION_NAME) :]
+    return None
 
 
 #: the keepalive of each engine guard_dead_peers set up, and whether its

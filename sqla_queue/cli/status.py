@@ -226,6 +226,21 @@ def _render(status: QueueStatus) -> Group:
                 entry["next_run"],
             )
         parts.append(periodic)
+    if status.routine_locks:
+        locks = Table(title="routine locks", title_justify="left")
+        for column in ("routine", "held by", "session", "client", "connected", "silent for"):
+            locks.add_column(column, no_wrap=True)
+        for holder in status.routine_locks:
+            silent = holder.silent_seconds
+            locks.add_row(
+                holder.routine,
+                Text(holder.worker or "-"),
+                str(holder.session),
+                Text(holder.client or "-"),
+                "-" if holder.connected_at is None else _time(holder.connected_at),
+                "-" if silent is None else _age(silent),
+            )
+        parts.append(locks)
     if status.health is not None:
         h = status.health.table
         held = "none" if h.horizon_seconds is None else _age(h.horizon_seconds)

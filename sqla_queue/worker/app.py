@@ -237,7 +237,10 @@ class QueueApp:
         served = providers.server_routine_lock(self.settings, client_name=self.worker_id)
         if served is not None:
             return served
-        return routine_lock_for(self.engine, self.adapter)
+        lock = routine_lock_for(self.engine, self.adapter)
+        if hasattr(lock, "owner"):  # the database's: its session shows the worker
+            lock.owner = self.worker_id
+        return lock
 
     def _read_configuration(self, model: Any) -> dict[str, TableRow] | None:
         """The queue's queue_configuration rows, if the table exists. A

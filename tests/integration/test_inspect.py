@@ -28,6 +28,7 @@ from sqla_queue.settings import Settings
 from sqla_queue.testing import run_until_empty
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
+from tests.conftest import wait_until
 from tests.support.app import App
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -494,3 +495,36 @@ def test_a_failed_attempt_keeps_its_traceback_masked_and_bounded(
             select(app.Task.error_traceback).where(app.Task.id == ids[0])
         ).scalar_one()
     assert stored == failed[0].traceback
+
+
+def test_status_shows_which_routine_lock_is_held_by_whom(engine: Engine, app: App) -> None:
+    """A running worker's routine locks, each with the server session that
+    holds it and, on PostgreSQL, the worker's id (its session's name); SQLite
+    cannot say (a lock file), and shows none."""
+    runner = Runner(app.RecordingWorker(), engine=engine, settings=Settings())
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        if engine.dialect.name == "sqlite":
+            assert runner.maintenance.lock is not None
+            wait_until(lambda: runner.maintenance.considered("schedule"), 10)
+            assert queue_status(engine, app.Task).routine_locks == []
+            return
+        holders = wait_until(
+            lambda: {h.routine: h for h in queue_status(engine, app.Task).routine_locks}.get(
+                "schedule"
+            ),
+            15,
+            message="the schedule routine's lock held",
+        )
+        assert holders.session > 0
+        assert holders.silent_seconds is not None and holders.silent_seconds < 60
+        if engine.dialect.name == "postgresql":
+            assert holders.worker == runner.app.worker_id
+        shown = queue_status(engine, app.Task).as_json()["routine_locks"]
+        assert {"routine", "session", "worker", "client", "silent_seconds"} <= set(shown[0])
+    finally:
+        runner.stop()
+        thread.join(10)
+    # given back at the stop
+    assert queue_status(engine, app.Task).routine_locks == []
