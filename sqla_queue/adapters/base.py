@@ -509,10 +509,12 @@ class Adapter:
     def prepare_engine(self, engine: Engine) -> None:
         """Per-dialect settings the worker needs on its own engine."""
 
-    def guard_dead_peers(self, engine: Engine) -> None:
+    def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """Make ``engine``'s connections give up on a silent peer within
         ``dead_peer_seconds`` (liveness.py), on the client's side and, where
-        the database lets a session choose, on the server's."""
+        the database lets a session choose and ``server_side`` allows (not
+        behind a transaction-pooling proxy, where a session setting would
+        reach another client), on the server's."""
 
     def routine_lock_holders(
         self, conn: Connection, *, keys: Mapping[int, str]

@@ -80,7 +80,7 @@ class MySQLAdapter(Adapter):
     def routine_lock(self, engine: Engine) -> RoutineLock:
         return DatabaseRoutineLock(engine, self)
 
-    def guard_dead_peers(self, engine: Engine) -> None:
+    def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """TCP keepalive and ``TCP_USER_TIMEOUT`` on each new connection's
         socket (PyMySQL's), so that the worker sees a silent server within
         the bound. The server's side of a session cannot choose its

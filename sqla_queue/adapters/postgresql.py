@@ -712,17 +712,17 @@ class PostgresAdapter(Adapter):
             {"ns": self.maintenance_lock_namespace, "key": key},
         )
 
-    def guard_dead_peers(self, engine: Engine) -> None:
+    def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """libpq's keepalive and ``tcp_user_timeout`` parameters on every new
         connection (those the URL or ``connect_args`` give win), and the
         server's side of each session set the same (``tcp_keepalives_*``,
         ``tcp_user_timeout``), so that the server ends a silent worker's
-        backends. Not behind a transaction-pooling PgBouncer (``task_locks``
-        off): there the server's peer is PgBouncer, whose own keepalive
-        settings decide (docs/pgbouncer.md), and a session setting would
-        reach another client."""
+        backends. Not behind a transaction-pooling PgBouncer (``server_side``
+        false: the worker asked for no task locks): there the server's peer
+        is PgBouncer, whose own keepalive settings decide (docs/pgbouncer.md),
+        and a session setting would reach another client."""
         if self.dead_peer_seconds is not None:
-            _guard(engine, Keepalive.within(self.dead_peer_seconds), server_side=self.task_locks)
+            _guard(engine, Keepalive.within(self.dead_peer_seconds), server_side=server_side)
 
     def name_session(self, conn: Connection, name: str, *, local: bool = False) -> None:
         conn.execute(

@@ -563,14 +563,19 @@ async def _listen(host: str, port: int, *, backlog: int) -> list[socket.socket]:
 
 def _keepalive(sock: socket.socket, seconds: float) -> None:
     """Probe a silent peer after ``seconds``, three times, a third apart:
-    a peer that vanished without closing (a powered-off host) is found and
-    its locks freed."""
+    a peer that vanished without closing (a powered-off host, a network
+    cut) is found and its locks freed, within twice ``seconds``; and
+    ``TCP_USER_TIMEOUT`` gives up on a peer that leaves what was sent to it
+    unacknowledged as long (keepalive probes wait while data is in flight)."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if hasattr(socket, "TCP_KEEPIDLE"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(seconds)))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, int(seconds / 3)))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            timeout_ms = max(1000, int(2 * seconds * 1000))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, timeout_ms)
 
 
 async def _close(writer: asyncio.StreamWriter, timeout: float) -> None:

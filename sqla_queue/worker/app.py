@@ -175,7 +175,10 @@ class QueueApp:
         if not in_transaction:
             for prepared in {self.engine, self.lane_engine}:
                 self.adapter.prepare_engine(prepared)
-                self.adapter.guard_dead_peers(prepared)
+                # the task locks asked for (client-server mode turns them
+                # off on direct connections too): off, the sign of a
+                # transaction-pooling PgBouncer (docs/pgbouncer.md)
+                self.adapter.guard_dead_peers(prepared, server_side=bool(effective["task_locks"]))
         self.worker_id = new_worker_id()
         #: the observers of outcomes (hooks.py): the process's registry by default
         self.hooks = registry if hooks is None else hooks

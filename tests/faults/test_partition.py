@@ -37,6 +37,7 @@ from tests.acceptance.test_concurrency import Spawned, statuses, stop_gracefully
 from tests.conftest import ROOT, WORKER_CLASSES, server_url, spawn_cli, wait_until
 from tests.faults.test_fleet import OPEN, assert_each_chain_ran_once
 from tests.support.app import App, build
+from tests.support.queue_server import running_server
 from tests.support.servers import PgBouncer
 
 IPTABLES = shutil.which("iptables") or shutil.which("iptables", path="/usr/sbin:/sbin")
@@ -71,18 +72,18 @@ def _why_not() -> str | None:
 
 
 class Cut:
-    """A cgroup whose processes' packets to ``port`` can be dropped."""
+    """A cgroup whose processes' packets to ``ports`` can be dropped."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, *ports: int) -> None:
         root = _cgroup_root()
         assert root is not None
         self.name = f"sqlaq-partition-{uuid.uuid4().hex[:8]}"
         self.path = root / self.name
         self.path.mkdir()
-        self.port = port
+        self.ports = ports
         self.rule = [
-            "OUTPUT", "-m", "cgroup", "--path", self.name,
-            "-p", "tcp", "--dport", str(port), "-j", "DROP",
+            "OUTPUT", "-m", "cgroup", "--path", self.name, "-p", "tcp",
+            "-m", "multiport", "--dports", ",".join(map(str, ports)), "-j", "DROP",
         ]  # fmt: skip
         self.rules: list[list[str]] = []
         self.active = False
@@ -107,40 +108,30 @@ class Cut:
         kernel, whose resets for sockets it closed meanwhile would tell the
         server what a real partition never does)."""
         rules = [self.rule]
-        for local in self._local_ports():
-            rules.append(
-                [
-                    "OUTPUT",
-                    "-p",
-                    "tcp",
-                    "--sport",
-                    str(self.port),
-                    "--dport",
-                    str(local),
-                    "-j",
-                    "DROP",
-                ]
-            )
+        for port, local in self._connections():
+            back = ["--sport", str(port), "--dport", str(local)]
+            rules.append(["OUTPUT", "-p", "tcp", *back, "-j", "DROP"])
         for rule in rules:
             subprocess.run([str(IPTABLES), "-A", *rule], check=True)
         self.rules = rules
         self.active = True
 
-    def _local_ports(self) -> list[int]:
-        """The local ports of the cgroup's connections to the port."""
+    def _connections(self) -> list[tuple[int, int]]:
+        """(remote port, local port) of the cgroup's connections to the ports."""
         pids = set(self.path.joinpath("cgroup.procs").read_text().split())
-        listing = subprocess.run(
-            ["ss", "-tnpH", "state", "established", "dport", f"= :{self.port}"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        ports = []
-        for line in listing.splitlines():
-            if any(f"pid={pid}," in line for pid in pids):
-                local = line.split()[2]  # Recv-Q Send-Q Local Peer Process
-                ports.append(int(local.rsplit(":", 1)[1]))
-        return ports
+        found = []
+        for port in self.ports:
+            listing = subprocess.run(
+                ["ss", "-tnpH", "state", "established", "dport", f"= :{port}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            for line in listing.splitlines():
+                if any(f"pid={pid}," in line for pid in pids):
+                    local = line.split()[2]  # Recv-Q Send-Q Local Peer Process
+                    found.append((port, int(local.rsplit(":", 1)[1])))
+        return found
 
     def heal(self) -> None:
         if self.active:
@@ -157,8 +148,8 @@ class Cut:
 
 
 @pytest.fixture
-def cuts() -> Iterator[Callable[[int], Cut]]:
-    """``cuts(port)``: a :class:`Cut` of packets to ``port``, undone after."""
+def cuts() -> Iterator[Callable[..., Cut]]:
+    """``cuts(*ports)``: a :class:`Cut` of packets to ``ports``, undone after."""
     why = _why_not()
     if why is not None:
         if os.environ.get("SQLA_QUEUE_REQUIRE_DATABASES"):
@@ -166,8 +157,8 @@ def cuts() -> Iterator[Callable[[int], Cut]]:
         pytest.skip(why)
     made: list[Cut] = []
 
-    def make(port: int) -> Cut:
-        made.append(Cut(port))
+    def make(*ports: int) -> Cut:
+        made.append(Cut(*ports))
         return made[-1]
 
     try:
@@ -196,7 +187,7 @@ def _owners(engine: Engine, app: App, status: str) -> dict[int, str]:
 
 @pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
 def test_a_worker_cut_off_from_the_database_stalls_nobody(
-    db_url: str, table_name: str, cuts: Callable[[int], Cut]
+    db_url: str, table_name: str, cuts: Callable[..., Cut]
 ) -> None:
     url = make_url(db_url)
     port = url.port or (5432 if url.get_backend_name() == "postgresql" else 3306)
@@ -206,7 +197,7 @@ def test_a_worker_cut_off_from_the_database_stalls_nobody(
 def test_a_worker_cut_off_from_pgbouncer_stalls_nobody(
     pgbouncer_factory: Callable[..., PgBouncer],
     table_name: str,
-    cuts: Callable[[int], Cut],
+    cuts: Callable[..., Cut],
 ) -> None:
     """Behind a transaction-pooling PgBouncer whose keepalive settings fit the
     bound (docs/lifecycle.md#network-partitions): PgBouncer drops the silent
@@ -224,6 +215,26 @@ def test_a_worker_cut_off_from_pgbouncer_stalls_nobody(
     url = f"{bouncer.url}?prepare_threshold=none"
     direct = str(normalize_url(server_url("postgresql")).render_as_string(hide_password=False))
     _partition(url, direct, table_name, cuts(bouncer.port), {"SQLA_QUEUE_TASK_LOCKS": "false"})
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_worker_cut_off_in_client_server_mode_stalls_nobody(
+    db_url: str, table_name: str, cuts: Callable[..., Cut]
+) -> None:
+    """Client-server mode: the routine locks are the queue server's, which
+    finds the silent client by TCP keepalive (LOCK_SERVICE_WAIT_CONN_INTERVAL,
+    here 2 s) and frees them; A is cut from the database and the server."""
+    url = make_url(db_url)
+    app = build(table_name)
+    engine = create_engine(db_url)
+    app.Base.metadata.create_all(engine)  # the server checks the table at start
+    engine.dispose()
+    keepalive = {"LOCK_SERVICE_WAIT_CONN_INTERVAL": "2"}
+    with running_server(
+        WORKER_CLASSES["sync"]["recording"], db_url, table_name, **keepalive
+    ) as server:
+        cut = cuts(url.port or 5432, server.notify_port, server.lock_port)
+        _partition(db_url, db_url, table_name, cut, server.env(**keepalive))
 
 
 def _partition(
