@@ -465,7 +465,8 @@ CATALOGUE: tuple[Setting, ...] = (
         "Seconds after which a worker cut off by the network holds nothing: the database ends "
         "its sessions (their locks and open transactions) and its routine locks lapse, and the "
         "worker itself sees its connections fail (docs/lifecycle.md#network-partitions). "
-        "`auto`: twice `lease_seconds` (at least 2).",
+        "`auto`: twice `lease_seconds`, at least 10 (a short test lease does not make a loaded "
+        "machine's pauses look like a cut).",
         env=("SQLA_QUEUE_DEAD_PEER_SECONDS",),
         kind=Number(DEAD_PEER_SECONDS, none_words=("auto",)),
         default=None,

@@ -30,9 +30,14 @@ from typing import Any
 __all__ = ["Keepalive", "default_bound", "keep_socket_alive"]
 
 
+#: the least ``auto`` bound: the routine lock's server-side idle timeout and
+#: the idle-transaction timeouts must not fire on a loaded machine's pauses
+MIN_AUTO_BOUND = 10.0
+
+
 def default_bound(lease_seconds: float) -> float:
-    """The bound when none is set: two leases, at least two seconds."""
-    return max(2.0, 2 * float(lease_seconds))
+    """The bound when none is set: two leases, at least ``MIN_AUTO_BOUND``."""
+    return max(MIN_AUTO_BOUND, 2 * float(lease_seconds))
 
 
 @dataclass(frozen=True)

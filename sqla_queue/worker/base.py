@@ -97,7 +97,7 @@ class WorkerBase(abc.ABC):
     #: seconds after which a worker cut off by the network holds nothing
     #: (its sessions end, its routine locks lapse: docs/lifecycle.md); None:
     #: SQLA_QUEUE_DEAD_PEER_SECONDS, queue_configuration.dead_peer_seconds,
-    #: twice the lease
+    #: twice the lease, at least 10
     dead_peer_seconds: ClassVar[float | None] = None
     #: seconds a handler may run before it is abandoned (timelimit.py)
     time_limit_seconds: ClassVar[float | None] = None

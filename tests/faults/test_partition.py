@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,7 +42,8 @@ from tests.support.queue_server import running_server
 from tests.support.servers import PgBouncer
 
 IPTABLES = shutil.which("iptables") or shutil.which("iptables", path="/usr/sbin:/sbin")
-#: the lease of both workers (the dead-peer bound is twice it: 4 s)
+#: the lease of both workers; their dead-peer bound is set to twice it, 4 s
+#: (``auto`` would be 10 s, its floor)
 LEASE = 2.0
 #: every task done by B within this many seconds of the cut (two bounds,
 #: a lease, the rescue's and the retry's rounds, and a loaded machine's slack)
@@ -238,16 +240,32 @@ def test_a_worker_cut_off_in_client_server_mode_stalls_nobody(
 
 
 def _partition(
-    worker_url: str, observer_url: str, table_name: str, cut: Cut, extra_env: dict[str, str]
-) -> None:
+    worker_url: str,
+    observer_url: str,
+    table_name: str,
+    cut: Cut,
+    extra_env: dict[str, str],
+    *,
+    lease: float = LEASE,
+    dead_peer: str = str(2 * LEASE),
+    done_within: float = DONE_WITHIN,
+    cut_seconds: float = 0.0,
+) -> float:
     """The scenario of the module's docstring: workers on ``worker_url``, the
-    test's own view on ``observer_url``."""
+    test's own view on ``observer_url``; the cut lasts until every task is
+    done, and at least ``cut_seconds``. How long after the cut every task
+    was done."""
     app = build(table_name)
     engine = create_engine(observer_url, pool_pre_ping=True)
     app.Base.metadata.create_all(engine)
     keyed = _keyed_table(app)
     keyed.create(engine)
-    env = worker_env(table_name, SQLA_QUEUE_TEST_LEASE=str(LEASE), **extra_env)
+    env = worker_env(
+        table_name,
+        SQLA_QUEUE_TEST_LEASE=str(lease),
+        SQLA_QUEUE_DEAD_PEER_SECONDS=str(dead_peer),
+        **extra_env,
+    )
     recording = WORKER_CLASSES["sync"]["recording"]
     args = ("worker", recording, "--url", worker_url, "--log-level", "INFO")
     # half write their key first, then work a while (the keyed effect);
@@ -277,13 +295,16 @@ def _partition(
         workers.append(b)
         wait_until(
             lambda: not OPEN & set(statuses(engine, app).values()),
-            DONE_WITHIN,
+            done_within,
             interval=0.1,
             message=f"every task done while A is cut off\n--- B:\n{b.output}",
         )
         took = time.monotonic() - cut_at
         assert cut.active
         print(f"every task done {took:.1f} s after the cut; A was running {sorted(cut_off)}")
+        # a longer cut, as the by-hand run asks (partition_run.py): a
+        # scenario's length, not a wait for a condition
+        threading.Event().wait(max(0.0, cut_at + cut_seconds - time.monotonic()))
         cut.heal()
         # A works again, without a restart: B stops, new tasks are A's
         stop_gracefully([b])
@@ -311,3 +332,4 @@ def _partition(
     keyed.drop(engine)
     app.Base.metadata.drop_all(engine)
     engine.dispose()
+    return took
