@@ -10,7 +10,8 @@ each side of each of its connections gives up on a silent peer within it:
 - TCP keepalive probes on an idle connection (the first after a quarter of
   the bound, then every eighth, three unanswered end it), and
   ``TCP_USER_TIMEOUT`` (the bound) for a connection with data the peer
-  never acknowledged. The adapters set both on the client's socket (libpq's
+  never acknowledged; and a connection attempt gives up after 10 s (half
+  the bound, if less), so that a worker reconnects soon after the heal. The adapters set both on the client's socket (libpq's
   connection parameters; PyMySQL's socket) and, where the database lets a
   session choose (PostgreSQL), on the server's side of the worker's
   sessions.
@@ -56,6 +57,13 @@ class Keepalive:
         interval = max(1, int(seconds // 8))
         count = max(1, min(3, int((seconds - idle) // interval)))
         return cls(idle, interval, count, max(1000, int(seconds * 1000)))
+
+    @property
+    def connect_timeout(self) -> int:
+        """Seconds a new connection may take (a SYN into a cut is retried
+        for two minutes otherwise): PyMySQL's default of 10, or less within
+        a short bound."""
+        return max(2, min(10, self.user_timeout_ms // 2000))
 
     @property
     def detects_within(self) -> int:

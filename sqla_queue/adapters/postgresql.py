@@ -876,6 +876,9 @@ def _guard(engine: Engine, keepalive: Keepalive, *, server_side: bool) -> None:
         cparams.setdefault("keepalives_interval", k.interval)
         cparams.setdefault("keepalives_count", k.count)
         cparams.setdefault("tcp_user_timeout", k.user_timeout_ms)
+        # a connection attempt into a cut waits out the system's SYN retries
+        # (two minutes) without it: the worker's recovery after the heal
+        cparams.setdefault("connect_timeout", k.connect_timeout)
 
     def server_side_of(dbapi_connection: Any, record: Any) -> None:
         guard = _GUARDED.get(ref()) if ref() is not None else None  # type: ignore[arg-type]

@@ -2,7 +2,8 @@
 its name does not start with ``test_``)::
 
     PARTITION_LEASE=6 PARTITION_CUT=60 SQLA_QUEUE_REQUIRE_DATABASES=1 \\
-        .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/faults/partition_run.py
+        .venv/bin/python -m pytest -q -s -p no:cacheprovider --timeout 900 \\
+        tests/faults/partition_run.py
 
 The scenario of tests/faults/test_partition.py with the workers' lease
 ``PARTITION_LEASE`` (default 6 s; the dead-peer bound is twice it) and a
