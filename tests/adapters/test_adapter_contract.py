@@ -307,3 +307,41 @@ def test_errors_are_classified_at_the_boundary(contract: Contract) -> None:
     # a statement's own mistake is never tried again as if the database asked
     assert contract.adapter.classify(caught.value) is not ErrorKind.TRANSIENT
     assert contract.adapter.classify(ValueError("not a database error")) is ErrorKind.OTHER
+
+
+# ------------------------------------------------------------------ fencing
+def test_end_sessions_ends_a_fenced_workers_marked_sessions_and_never_its_own(
+    contract: Contract,
+) -> None:
+    """docs/lifecycle.md#network-partitions: where the server cannot probe
+    one session's peer (MariaDB, MySQL), a rescue ends the sessions a
+    silent worker's lanes marked; elsewhere nothing is marked or ended."""
+    adapter, engine = contract.adapter, contract.engine
+    named_by_lock = adapter.family == "mysql"  # GET_LOCK names; SingleStore has none
+    with engine.connect() as lane, engine.connect() as rescuer:
+        with lane.begin():
+            adapter.mark_session(lane, owner=OWNER, slot=3)
+        with rescuer.begin():
+            adapter.mark_session(rescuer, owner=OTHER, slot=0)
+            # the rescuer's own worker is never ended, even if asked
+            assert adapter.end_sessions(rescuer, owners=[OTHER]) == 0
+            assert adapter.end_sessions(rescuer, owners=["nobody"]) == 0
+            ended = adapter.end_sessions(rescuer, owners=[OWNER])
+        assert ended == (1 if named_by_lock else 0)
+        if named_by_lock:
+            wait_until(lambda: _dead(lane), 10, message="the marked session ended")
+        else:
+            with lane.begin():
+                adapter.unmark_session(lane, owner=OWNER, slot=3)
+        with rescuer.begin():
+            adapter.unmark_session(rescuer, owner=OTHER, slot=0)
+            assert rescuer.execute(select(1)).scalar() == 1
+
+
+def _dead(conn: Connection) -> bool:
+    try:
+        with conn.begin():
+            conn.execute(select(1))
+    except Exception:
+        return True
+    return False
