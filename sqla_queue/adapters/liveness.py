@@ -11,7 +11,8 @@ each side of each of its connections gives up on a silent peer within it:
   the bound, then every eighth, three unanswered end it), and
   ``TCP_USER_TIMEOUT`` (the bound) for a connection with data the peer
   never acknowledged; and a connection attempt gives up after 10 s (half
-  the bound, if less), so that a worker reconnects soon after the heal. The adapters set both on the client's socket (libpq's
+  the bound, if less), so that a worker reconnects soon after the heal.
+  The adapters set both on the client's socket (libpq's
   connection parameters; PyMySQL's socket) and, where the database lets a
   session choose (PostgreSQL), on the server's side of the worker's
   sessions.
