@@ -385,7 +385,10 @@ class TaskManager:
                     else:
                         task = lane.waiting.popleft()
                 if lane.group and (
-                    task is None or task.id in lane.alone or lane.due(time.perf_counter())
+                    task is None
+                    or task.id in lane.alone
+                    or lane.due(time.perf_counter())
+                    or lane.spare()
                 ):
                     self._flush(lane, True)
                 if task is None:

@@ -208,7 +208,12 @@ class Runner:
         for lane in self.lanes:
             lane.on_hand_back = self._handed_back
             lane.on_start = self.commit_watch.busy
+            lane.spare = self._spare
         self._paused: frozenset[str] = frozenset()
+
+    def _spare(self) -> bool:
+        """Another lane waits for work: latency first (batching.py)."""
+        return self.wake.waiting > 0
 
     def _check_kind(self, worker: Worker) -> None:
         """Refuse a worker whose handlers are of the other kind."""
