@@ -542,12 +542,11 @@ class Adapter:
         transactions hold is freed; how many were ended."""
         return 0
 
-    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> None:
         """Have the server end ``conn``'s session once it has been idle for
-        ``seconds`` (``local``: only while the open transaction lasts);
-        whether this database can. The routine lock's connection, which
-        its holder pings, so that a silent holder loses it."""
-        return False
+        ``seconds`` (``local``: only while the open transaction lasts), where
+        it can. The routine lock's connection, which its holder pings, so
+        that a silent holder loses it."""
 
     def connect_claim(self, engine: Engine) -> Connection:
         conn = engine.connect()

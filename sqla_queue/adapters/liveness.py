@@ -26,10 +26,40 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Keepalive", "default_bound", "keep_socket_alive"]
+from sqlalchemy import Engine
+
+__all__ = ["Keepalive", "default_bound", "keep_socket_alive", "on_new_connections", "remember"]
+
+#: what each guarded engine's new connections get (the adapter's choice)
+_GUARDS: weakref.WeakKeyDictionary[Engine, Any] = weakref.WeakKeyDictionary()
+
+
+def remember(engine: Engine, guard: Any) -> bool:
+    """Keep ``guard`` as what ``engine``'s new connections get, the latest
+    winning; whether ``engine`` is new here (its listeners yet to add)."""
+    new = engine not in _GUARDS
+    _GUARDS[engine] = guard
+    return new
+
+
+def on_new_connections(engine: Engine, listener: Callable[..., None]) -> Callable[..., None]:
+    """An event listener of ``engine`` that calls ``listener(guard, *args)``
+    with the engine's latest guard (:func:`remember`); the engine is held
+    weakly, so the listener keeps nothing alive."""
+    ref = weakref.ref(engine)
+
+    def listen(*args: Any) -> None:
+        engine = ref()
+        guard = None if engine is None else _GUARDS.get(engine)
+        if guard is not None:
+            listener(guard, *args)
+
+    return listen
 
 
 #: the least ``auto`` bound: the routine lock's server-side idle timeout and

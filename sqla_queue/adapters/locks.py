@@ -154,12 +154,6 @@ class DatabaseRoutineLock:
                 self._pings.start()
         return self._conn
 
-    @property
-    def held(self) -> frozenset[str]:
-        """The names this object holds now."""
-        with self._mutex:
-            return frozenset(self._held)
-
     def _ping(self) -> None:
         with self._mutex:
             conn = self._conn

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-import weakref
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -41,7 +40,7 @@ from ..mixins import Status, inline_count, status_is
 from ..records import TaskRecord
 from ..redaction import describe_error
 from .base import PROMOTE_CHUNK, Adapter, LockHolder
-from .liveness import Keepalive, keep_socket_alive
+from .liveness import Keepalive, keep_socket_alive, on_new_connections, remember
 from .locks import DatabaseRoutineLock, RoutineLock
 
 logger = logging.getLogger("sqla_queue.manager")
@@ -92,18 +91,8 @@ class MySQLAdapter(Adapter):
         server's global keepalive (docs/lifecycle.md#network-partitions)."""
         if self.dead_peer_seconds is None:
             return
-        known = engine in _GUARDED
-        _GUARDED[engine] = Keepalive.within(self.dead_peer_seconds)
-        if not known:
-            ref = weakref.ref(engine)
-
-            def keep_alive(dbapi_connection: Any, record: Any) -> None:
-                engine = ref()
-                keepalive = None if engine is None else _GUARDED.get(engine)
-                if keepalive is not None:
-                    keep_socket_alive(getattr(dbapi_connection, "_sock", None), keepalive)
-
-            event.listen(engine, "connect", keep_alive)
+        if remember(engine, Keepalive.within(self.dead_peer_seconds)):
+            event.listen(engine, "connect", on_new_connections(engine, _keep_socket_alive))
 
     def routine_lock_holders(
         self, conn: Connection, *, keys: Mapping[int, str]
@@ -182,14 +171,13 @@ class MySQLAdapter(Adapter):
         digest = hashlib.blake2b(owner.encode(), digest_size=8).hexdigest()
         return f"{self._lock_prefix(conn)}w:{digest}:{int(slot)}"
 
-    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> None:
         if local:
-            return False  # MySQL has no setting that ends with the transaction
+            return  # MySQL has no setting that ends with the transaction
         whole = max(1, int(seconds))
         conn.execute(text(f"SET SESSION wait_timeout = {whole}"))
-        if conn.dialect.name == "mariadb" or getattr(conn.dialect, "is_mariadb", False):
+        if getattr(conn.dialect, "is_mariadb", False):
             conn.execute(text(f"SET SESSION idle_transaction_timeout = {whole}"))
-        return True
 
     def force_index(self, statement: Any, index: str) -> Any:
         """``FORCE INDEX``: InnoDB counts NULLs as one value
@@ -392,8 +380,10 @@ class MySQLAdapter(Adapter):
 _WAIT_TIMEOUT_MAX = 31_536_000
 _SESSION_MARK = "sqla_queue_wait_timeout"
 _IDLE_MARK = "sqla_queue_idle_transaction_timeout"
-#: the keepalive of each engine guard_dead_peers set up
-_GUARDED: weakref.WeakKeyDictionary[Engine, Keepalive] = weakref.WeakKeyDictionary()
+
+
+def _keep_socket_alive(keepalive: Keepalive, dbapi_connection: Any, record: Any) -> None:
+    keep_socket_alive(getattr(dbapi_connection, "_sock", None), keepalive)
 
 
 def _keep_alive_while_idle(conn: Connection, dead_peer_seconds: float | None = None) -> None:

@@ -16,7 +16,6 @@ import datetime as dt
 import logging
 import re
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
@@ -64,7 +63,7 @@ from .base import (
     driver_cursor,
     statements_unobserved,
 )
-from .liveness import Keepalive
+from .liveness import Keepalive, on_new_connections, remember
 from .locks import SESSION_NAME, DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
@@ -751,7 +750,7 @@ class PostgresAdapter(Adapter):
             if row.key in names
         ]
 
-    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> bool:
+    def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> None:
         names = ["idle_in_transaction_session_timeout"]
         if not local:
             names.append("idle_session_timeout")
@@ -762,7 +761,6 @@ class PostgresAdapter(Adapter):
             ),
             {"value": str(int(seconds * 1000)), "local": local, "names": names},
         )
-        return True
 
     def lock_try_transaction(self, conn: Connection, *, key: int) -> bool:
         """Like lock_try, held until ``conn``'s transaction ends: the form a
@@ -852,61 +850,51 @@ def _worker_of(application_name: str | None) -> str | None:
     return None
 
 
-#: the keepalive of each engine guard_dead_peers set up, and whether its
-#: sessions set the server's side too
-_GUARDED: weakref.WeakKeyDictionary[Engine, tuple[Keepalive, bool]] = weakref.WeakKeyDictionary()
-
-
 def _guard(engine: Engine, keepalive: Keepalive, *, server_side: bool) -> None:
     """Give ``engine``'s new connections ``keepalive`` (see guard_dead_peers);
-    once per engine, the latest values winning."""
-    known = engine in _GUARDED
-    _GUARDED[engine] = (keepalive, server_side)
-    if known:
+    the listeners once per engine, the latest values winning."""
+    if remember(engine, (keepalive, server_side)):
+        event.listen(engine, "do_connect", on_new_connections(engine, _client_side))
+        event.listen(engine, "connect", on_new_connections(engine, _server_side))
+
+
+def _client_side(
+    guard: tuple[Keepalive, bool], dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]
+) -> None:
+    k = guard[0]
+    cparams.setdefault("keepalives", 1)
+    cparams.setdefault("keepalives_idle", k.idle)
+    cparams.setdefault("keepalives_interval", k.interval)
+    cparams.setdefault("keepalives_count", k.count)
+    cparams.setdefault("tcp_user_timeout", k.user_timeout_ms)
+    # a connection attempt into a cut waits out the system's SYN retries
+    # (two minutes) without it: the worker's recovery after the heal
+    cparams.setdefault("connect_timeout", k.connect_timeout)
+
+
+def _server_side(guard: tuple[Keepalive, bool], dbapi_connection: Any, record: Any) -> None:
+    k, server_side = guard
+    if not server_side:
         return
-    ref = weakref.ref(engine)
-
-    def client_side(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
-        guard = _GUARDED.get(ref()) if ref() is not None else None  # type: ignore[arg-type]
-        if guard is None:
-            return
-        k = guard[0]
-        cparams.setdefault("keepalives", 1)
-        cparams.setdefault("keepalives_idle", k.idle)
-        cparams.setdefault("keepalives_interval", k.interval)
-        cparams.setdefault("keepalives_count", k.count)
-        cparams.setdefault("tcp_user_timeout", k.user_timeout_ms)
-        # a connection attempt into a cut waits out the system's SYN retries
-        # (two minutes) without it: the worker's recovery after the heal
-        cparams.setdefault("connect_timeout", k.connect_timeout)
-
-    def server_side_of(dbapi_connection: Any, record: Any) -> None:
-        guard = _GUARDED.get(ref()) if ref() is not None else None  # type: ignore[arg-type]
-        if guard is None or not guard[1]:
-            return
-        k = guard[0]
-        values = (
-            ("tcp_keepalives_idle", k.idle),
-            ("tcp_keepalives_interval", k.interval),
-            ("tcp_keepalives_count", k.count),
-            ("tcp_user_timeout", k.user_timeout_ms),
+    values = (
+        ("tcp_keepalives_idle", k.idle),
+        ("tcp_keepalives_interval", k.interval),
+        ("tcp_keepalives_count", k.count),
+        ("tcp_user_timeout", k.user_timeout_ms),
+    )
+    # the settings this server has (tcp_user_timeout: 12+); over a Unix
+    # socket the server ignores them. Whole numbers of ours, no input
+    rows = ", ".join(f"('{name}', '{int(value)}')" for name, value in values)
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(
+            "SELECT set_config(s.name, v.value, false) FROM (VALUES "
+            + rows
+            + ") AS v(name, value) JOIN pg_settings AS s ON s.name = v.name"
         )
-        # the settings this server has (tcp_user_timeout: 12+); over a Unix
-        # socket the server ignores them. Whole numbers of ours, no input
-        rows = ", ".join(f"('{name}', '{int(value)}')" for name, value in values)
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(
-                "SELECT set_config(s.name, v.value, false) FROM (VALUES "
-                + rows
-                + ") AS v(name, value) JOIN pg_settings AS s ON s.name = v.name"
-            )
-        finally:
-            cursor.close()
-        dbapi_connection.commit()
-
-    event.listen(engine, "do_connect", client_side)
-    event.listen(engine, "connect", server_side_of)
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
 
 
 def _reset_session(dbapi_connection: Any, record: Any) -> None:

@@ -203,7 +203,7 @@ class Runner:
             self.manager,
             self.lanes,
             single_writer=self.adapter.single_writer,
-            idle_lane=lambda: self.wake.waiting > 0,
+            idle_lane=self._spare,
         )
         for lane in self.lanes:
             lane.on_hand_back = self._handed_back
@@ -212,7 +212,8 @@ class Runner:
         self._paused: frozenset[str] = frozenset()
 
     def _spare(self) -> bool:
-        """Another lane waits for work: latency first (batching.py)."""
+        """Another lane waits for work: the process has capacity to spare
+        (latency first: batching.py; hand-backs: commitwatch.py)."""
         return self.wake.waiting > 0
 
     def _check_kind(self, worker: Worker) -> None:
