@@ -181,11 +181,6 @@ class Lane:
         self.on_hand_back: Callable[[int], None] = _ignore
         #: called when a batch begins (the runner tells the commit watch)
         self.on_start: Callable[[], None] = _nothing
-        #: whether the process has capacity to spare now (another lane waits
-        #: for work): a finished task's outcome then commits before the next
-        #: task runs, rather than wait for a batch-mate; one commit per
-        #: batch is for a process whose lanes are all busy
-        self.spare: Callable[[], bool] = _no_spare
 
     # ------------------------------------------------------- the lane's side
     def start(
@@ -333,10 +328,6 @@ class JoinPolicy:
             process = task.process or ""
             if until > self._apart.get(process, 0.0):
                 self._apart[process] = until
-
-
-def _no_spare() -> bool:
-    return False
 
 
 def _never_join(lane: Lane, now: float) -> bool:

@@ -385,10 +385,7 @@ class TaskManager:
                     else:
                         task = lane.waiting.popleft()
                 if lane.group and (
-                    task is None
-                    or task.id in lane.alone
-                    or lane.due(time.perf_counter())
-                    or lane.spare()
+                    task is None or task.id in lane.alone or lane.due(time.perf_counter())
                 ):
                     self._flush(lane, True)
                 if task is None:

@@ -208,12 +208,11 @@ class Runner:
         for lane in self.lanes:
             lane.on_hand_back = self._handed_back
             lane.on_start = self.commit_watch.busy
-            lane.spare = self._spare
         self._paused: frozenset[str] = frozenset()
 
     def _spare(self) -> bool:
         """Another lane waits for work: the process has capacity to spare
-        (latency first: batching.py; hand-backs: commitwatch.py)."""
+        (the commit watch's hand-backs: commitwatch.py)."""
         return self.wake.waiting > 0
 
     def _check_kind(self, worker: Worker) -> None:

@@ -514,7 +514,7 @@ def test_status_shows_which_routine_lock_is_held_by_whom(engine: Engine, app: Ap
             lambda: {h.routine: h for h in queue_status(engine, app.Task).routine_locks}.get(
                 "schedule"
             ),
-            15,
+            60,  # the worker's start, on a loaded machine
             message="the schedule routine's lock held",
         )
         assert holders.session > 0
