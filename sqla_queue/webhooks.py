@@ -30,8 +30,11 @@ What one delivery does:
 - Redirects: at most :data:`MAX_REDIRECTS`, to the same origin (scheme,
   host, port) only; the subscription's headers would follow any other.
 - At most :data:`MAX_RESPONSE_BYTES` of a response body are read.
-- The timeout is also a wall-clock deadline for the whole delivery: an
-  endpoint that drips its answer is cut off when it passes.
+- The timeout is also a wall-clock deadline for the whole delivery
+  (connecting, the TLS handshake, sending, status line, headers and body,
+  under every HTTP framing): an endpoint that drips its answer is cut off
+  when it passes, and a response that ends after it is a timeout, never a
+  success.
 - ``block_private_networks`` (on by default) refuses loopback, private,
   link-local, multicast, unspecified, reserved and other non-global
   addresses, except ``allowed_networks``: each hop's URL is read as the
@@ -151,6 +154,10 @@ class DeliveryResult:
     #: the last response's status, None when there was no response
     status: int | None
     message: str
+
+
+class _Late(_Refused):
+    """The delivery's deadline passed; the text says what had come by then."""
 
 
 def _secret_key(secret: str) -> bytes:
@@ -288,8 +295,12 @@ class WebhookClient:
                 result = self._deliver(delivery, method, secrets, call)
         except Exception as exc:
             status = exc.status if isinstance(exc, _Refused) else None
-            if call.expired:
-                text = f"timeout: no complete response within {_secs(self.timeout)}"
+            if isinstance(exc, _Late):
+                text = str(exc)
+            elif call.expired or time.monotonic() >= call.deadline:
+                # whatever broke, the deadline had passed: the watchdog's
+                # shutdown reads as a closed or cut connection
+                text = _timeout_text(self.timeout)
             elif isinstance(exc, _Refused):
                 text = str(exc)
             elif isinstance(exc, requests.RequestException):
@@ -363,7 +374,7 @@ class WebhookClient:
             call.addresses = None if proxied else addresses
             remaining = call.deadline - time.monotonic()
             if remaining <= 0:
-                raise _Refused(f"timeout: no complete response within {_secs(self.timeout)}")
+                raise _Late(_timeout_text(self.timeout))
             response = self.session.send(
                 prepared, timeout=remaining, allow_redirects=False, **settings
             )
@@ -371,6 +382,8 @@ class WebhookClient:
                 status = response.status_code
                 location = response.headers.get("Location")
                 if status in _REDIRECTS and location:
+                    if not call.in_time():
+                        raise _Late(_timeout_text(self.timeout), status)
                     target = urljoin(url, location)
                     _hide(secrets, _url_texts(target))
                     try:
@@ -393,7 +406,16 @@ class WebhookClient:
                         headers = {n: v for n, v in headers.items() if n.lower() != "content-type"}
                     url = target
                     continue
-                text, cut = _read_text(response, call.deadline, self.timeout)
+                try:
+                    text, cut = _read_text(response, call.deadline, self.timeout)
+                except requests.RequestException as exc:
+                    if call.expired or time.monotonic() >= call.deadline:
+                        raise _Late(_timeout_text(self.timeout, _BODY), status) from None
+                    raise _Refused(_describe(exc, self.timeout), status) from None
+                # the watchdog's shutdown reads as the end of a body read to
+                # the end of the stream: a body that ended late is cut
+                if not call.in_time():
+                    raise _Late(_timeout_text(self.timeout, _BODY), status)
             finally:
                 response.close()
             if cut:
@@ -438,6 +460,15 @@ def _is_ip(host: str) -> bool:
 
 def _secs(value: float) -> str:
     return f"{value:g} s"
+
+
+#: where a timeout caught a response whose status and headers had come
+_BODY = "status and headers received, the body incomplete"
+
+
+def _timeout_text(timeout: float, stage: str | None = None) -> str:
+    text = f"timeout: no complete response within {_secs(timeout)}"
+    return f"{text} ({stage})" if stage else text
 
 
 def _headers(raw: Mapping[str, Any] | None) -> dict[str, str]:
@@ -501,19 +532,19 @@ def _with_query(url: str, body: str) -> str:
 
 
 def _read_text(response: requests.Response, deadline: float, timeout: float) -> tuple[str, bool]:
-    """At most MAX_RESPONSE_BYTES of the body, decoded; and whether there was more."""
+    """At most MAX_RESPONSE_BYTES of the body, decoded; and whether there was
+    more. The deadline is checked between reads (the watchdog ends a read
+    blocked past it)."""
     data = bytearray()
     cut = False
     for chunk in response.iter_content(chunk_size=16 * 1024):
+        if time.monotonic() >= deadline:
+            raise _Late(_timeout_text(timeout, _BODY), response.status_code)
         data += chunk
         if len(data) > MAX_RESPONSE_BYTES:
             del data[MAX_RESPONSE_BYTES:]
             cut = True
             break
-        if time.monotonic() > deadline:
-            raise _Refused(
-                f"timeout: no complete response within {_secs(timeout)}", response.status_code
-            )
     encoding = response.encoding or "utf-8"
     try:
         text = bytes(data).decode(encoding, errors="replace")
@@ -534,6 +565,8 @@ def _describe(exc: requests.RequestException, timeout: float) -> str:
         return f"timeout: no response within {_secs(timeout)} ({detail})"
     if isinstance(exc, requests.exceptions.SSLError):
         return f"TLS error ({detail})"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return f"incomplete or malformed response body ({detail})"
     if isinstance(exc, requests.ConnectionError):
         text = str(exc)
         if "NameResolutionError" in text or "Name or service not known" in text:
