@@ -841,17 +841,50 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "dashboard_password",
         _OTHER,
-        "The password writes from `sqla-queue dashboard` need (requeue, cancel, retry now, "
-        "pause). Unset: the dashboard is read-only; there is no default password.",
+        "The password every page, API call and write of `sqla-queue dashboard` needs "
+        "(requeue, cancel, retry now, pause). Unset: the dashboard does not start unless "
+        "read-only (`SQLA_QUEUE_DASHBOARD_READ_ONLY`); there is no default password.",
         env=("SQLA_QUEUE_DASHBOARD_PASSWORD",),
         secret=True,
         resolved=False,
     ),
     _s(
+        "dashboard_read_only",
+        _OTHER,
+        "`true` (or `--read-only`): the dashboard's pages and API need no login and every "
+        "write is refused with 403.",
+        env=("SQLA_QUEUE_DASHBOARD_READ_ONLY",),
+        kind=Flag(),
+        default=False,
+        resolved=False,
+    ),
+    _s(
+        "dashboard_allowed_hosts",
+        _OTHER,
+        "`Host` header names the dashboard accepts besides its bind address, `localhost`, "
+        "`127.0.0.1` and `[::1]` (any port), comma-separated; also `--allowed-host`. "
+        "`*.example.com` matches its subdomains, `*` any name. Others get 400.",
+        env=("SQLA_QUEUE_DASHBOARD_ALLOWED_HOSTS",),
+        default="",
+        default_text="none",
+        resolved=False,
+    ),
+    _s(
+        "dashboard_behind_tls",
+        _OTHER,
+        "`true` (or `--behind-tls-proxy`): a TLS proxy is in front of the dashboard: its "
+        "session cookie is Secure, and `X-Forwarded-For`/`-Proto` are read from the "
+        "addresses in uvicorn's `FORWARDED_ALLOW_IPS` (default 127.0.0.1).",
+        env=("SQLA_QUEUE_DASHBOARD_BEHIND_TLS",),
+        kind=Flag(),
+        default=False,
+        resolved=False,
+    ),
+    _s(
         "dashboard_secret",
         _OTHER,
-        "The key that signs the dashboard's session cookie. Unset: a random key per start "
-        "(a restart logs everyone out).",
+        "Obsolete: accepted and ignored. The dashboard keeps its sessions in its own memory "
+        "and signs nothing (a restart logs everyone out).",
         env=("SQLA_QUEUE_DASHBOARD_SECRET",),
         secret=True,
         resolved=False,
@@ -1136,8 +1169,9 @@ def _table_value(entry: Setting, row: TableRow) -> Any:
 
 
 #: rows of the configuration table that hold state, not settings: the rate
-#: limits' token buckets (``rate:<hash of queue and process>``, limits.py)
-STATE_PREFIXES = ("rate:",)
+#: limits' token buckets (``rate:<hash of queue and process>``, limits.py),
+#: the routine locks' leases (``routine_lock:<routine>``, adapters/locks.py)
+STATE_PREFIXES = ("rate:", "routine_lock:")
 
 
 def check_table(rows: Mapping[str, TableRow]) -> None:

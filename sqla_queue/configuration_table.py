@@ -55,6 +55,7 @@ from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
 from .catalog import SCHEMA_WIDE, TableRow
 from .identifiers import split_table_name, validate_identifier
+from .mixins import QueueMixin
 from .types import UtcDateTime, utc_now
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "SettingRow",
     "configuration_rows",
     "configuration_table",
+    "configuration_table_for",
     "configuration_table_of",
     "has_queue_name",
     "read_rows",
@@ -281,6 +283,20 @@ def configuration_table_of(model: Any) -> Table:
         schema, name = split_table_name(named)
         schema = schema or table.schema
     return configuration_table(MetaData(), name, schema=schema)
+
+
+def configuration_table_for(queue: Table) -> Table:
+    """The configuration table of queue table ``queue``, where the queue is
+    known by its Table alone (an adapter's): its model's
+    (:func:`configuration_table_of`), the mapped ``QueueMixin`` class whose
+    table it is, or else the schema's ``queue_configuration``."""
+    pending: list[type] = [QueueMixin]
+    while pending:
+        cls = pending.pop()
+        if cls.__dict__.get("__table__") is queue:
+            return configuration_table_of(cls)
+        pending.extend(cls.__subclasses__())
+    return configuration_table(MetaData(), CONFIGURATION_TABLE, schema=queue.schema)
 
 
 def ensure_table(engine: Engine, table: Table) -> None:

@@ -12,6 +12,8 @@ statement ends with ``;`` and the whole runs as is with ``psql -f``,
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import MetaData, Table, create_mock_engine, insert
@@ -51,12 +53,15 @@ def queue_tables(
     subscribers: bool = False,
     config_table: bool = False,
     unique: bool = False,
+    unique_processes: Sequence[str] = (),
     metadata: MetaData | None = None,
 ) -> list[Table]:
     """The tables of queue ``schema.queue``, made by the mixins on ``metadata``
     (a new one by default): the queue table (channel: the queue's name) and
     ``<queue>_status``, then ``<queue>_subscriber``, ``queue_configuration``
-    and ``<queue>_unique`` when asked for."""
+    and ``<queue>_unique`` when asked for. ``unique_processes``: the
+    processes the model declares unique (``Unique(name)``), whose live-key
+    index the queue table's creation makes too (``<queue>_unique`` with it)."""
     validate_identifier(queue, "queue name")
     if schema is not None:
         validate_identifier(schema, "schema name")
@@ -74,7 +79,13 @@ def queue_tables(
         attributes.update(extra)
         return type(class_name, (mixin, Base), attributes).__table__  # type: ignore[attr-defined, no-any-return]
 
-    tables = [model(QueueMixin, queue, "Task")]
+    declared: dict[str, Any] = {}
+    if unique_processes:
+        from .unique import Unique
+
+        declared["__queue_unique__"] = tuple(Unique(name) for name in unique_processes)
+        unique = True
+    tables = [model(QueueMixin, queue, "Task", **declared)]
     # status's kept counts (status_summary.py), made by create_all() with it
     from .status_summary import status_table
 
@@ -107,13 +118,19 @@ def queue_ddl(
     subscribers: bool = False,
     config_table: bool = False,
     unique: bool = False,
+    unique_processes: Sequence[str] = (),
 ) -> str:
-    """The SQL script that creates queue ``schema.queue`` on ``dialect``.
+    """The SQL script that creates queue ``schema.queue`` on ``dialect``;
+    with ``unique_processes``, the live-key index of those unique processes
+    and ``<queue>_unique`` (docs/unique.md).
 
     On SQLite the only schema is ``main``, and the names are left unqualified."""
     if dialect not in DIALECTS:
         raise ConfigurationError(f"invalid dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
     validate_identifier(schema, "schema name")
+    for name in unique_processes:
+        if not name.isprintable():
+            raise ConfigurationError(f"invalid unique process name {name!r}")
     if dialect == "sqlite" and schema != "main":
         raise ConfigurationError(
             f"invalid schema name {schema!r} for SQLite: a SQLite database has one schema, main"
@@ -124,11 +141,16 @@ def queue_ddl(
         subscribers=subscribers,
         config_table=config_table,
         unique=unique,
+        unique_processes=unique_processes,
     )
     elements: list[Any] = []
     url = make_url(DIALECTS[dialect])
     try:
-        engine = create_mock_engine(url, lambda sql, *args, **kw: elements.append(sql))
+        # "named": a % in a literal is printed as one (a format paramstyle
+        # doubles it for the driver, which undoes it; psql and mysql do not)
+        engine = create_mock_engine(
+            url, lambda sql, *args, **kw: elements.append(sql), paramstyle="named"
+        )
     except NoSuchModuleError as exc:  # singlestoredb:// without sqlalchemy-singlestoredb
         raise (driver_error(url, exc) or exc) from None
     statements: list[str] = []
@@ -141,7 +163,8 @@ def queue_ddl(
         statements += [_sql(element, engine.dialect) for element in _in_order(elements)]
     command = f"sqla-queue ddl {schema} {queue} --dialect {dialect}"
     command += " --subscribers" * subscribers + " --config-table" * config_table
-    command += " --unique" * unique
+    command += " --unique" * (unique and not unique_processes)
+    command += "".join(f" --unique-process {shlex.quote(name)}" for name in unique_processes)
     return "\n\n".join([f"-- {command}", *statements]) + "\n"
 
 

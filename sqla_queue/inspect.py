@@ -28,7 +28,10 @@ failed        ``falha`` or ``falha_processando``: its retries are spent
     status.as_json()                             # what `status --json` prints
     task_timeline(session, Task, 41).attempts    # one chain, every attempt
 
-Everything here reads; nothing writes or locks. Each call reads in its own
+Everything here reads; nothing writes or locks. The texts are the stored
+ones, as they are: a presentation escapes what a terminal would act on
+(``sqla-queue status``: sqla_queue.redaction.escape_controls; ``as_json``
+is for json.dumps). Each call reads in its own
 statements: on a busy queue a task that moves between two of them can be
 counted in neither or in both states for that one call.
 """
@@ -288,6 +291,8 @@ class Timeline:
     state: str
     process: str | None
     rows: list[Attempt] = field(default_factory=list)
+    #: the task's chave_externa (of the row whose id was asked for)
+    external_key: str | None = None
 
     def of_kind(self, kind: str) -> list[Attempt]:
         return [row for row in self.rows if row.kind == kind]
@@ -298,6 +303,7 @@ class Timeline:
             "chain_id": self.chain_id,
             "state": self.state,
             "process": self.process,
+            "external_key": self.external_key,
             "rows": [_jsonable(dataclasses.asdict(row)) for row in self.rows],
         }
 
@@ -455,7 +461,14 @@ def task_timeline(bind: Bind, queue: Queue, task_id: int) -> Timeline:
     rows.sort(key=lambda item: item.id)
     newest = next((r for r in reversed(own) if not r.reenfileirado), own[-1] if own else row)
     state = _state_of(newest.status, newest.tentativa) or "unknown"
-    return Timeline(task_id=task_id, chain_id=key, state=state, process=row.processo, rows=rows)
+    return Timeline(
+        task_id=task_id,
+        chain_id=key,
+        state=state,
+        process=row.processo,
+        rows=rows,
+        external_key=row.chave_externa,
+    )
 
 
 def dead_letter(bind: Bind, queue: Queue, *, limit: int = 50) -> list[DeadTask]:

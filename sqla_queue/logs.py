@@ -9,6 +9,13 @@ about a task, ``task_id`` (the attempt's id), ``chain_id``, ``attempt``,
 handler ran; ``exception`` holds a traceback when the line has one. The
 messages are the text lines' (passwords and tokens already masked).
 
+A log line may quote what a server answered or a task stored (a webhook's
+response body, a task's message): its control characters never reach the
+terminal or the file as they are. Text lines escape them visibly
+(``\\x1b``, ``\\u202e``; a newline in a message too, so one record is
+one line; a traceback keeps its lines); JSON lines write them as JSON
+escapes (``\\u009b``: the same JSON values). See redaction.escape_controls.
+
 Grafana Loki, as nsj-queue-lib does: when ``GRAFANA_URL`` is set (the push
 endpoint, ``https://loki.example/loki/api/v1/push``), every log line is
 also pushed there, labelled ``{ENV}_flask_api_skeleton=<env>_log`` (the
@@ -29,12 +36,13 @@ import sys
 import threading
 from typing import Any
 
-from .redaction import describe_error, redact
+from .redaction import describe_error, escape_controls, escape_json_line, redact
 
 __all__ = [
     "TASK_FIELDS",
     "JsonFormatter",
     "LokiHandler",
+    "TextFormatter",
     "configure",
     "set_worker_id",
     "task_fields",
@@ -82,7 +90,22 @@ class JsonFormatter(logging.Formatter):
             data.update(fields)
         if record.exc_info and record.exc_info[1] is not None:
             data["exception"] = redact(self.formatException(record.exc_info))
-        return json.dumps(data, ensure_ascii=False, default=str)
+        return escape_json_line(json.dumps(data, ensure_ascii=False, default=str))
+
+
+class TextFormatter(logging.Formatter):
+    """A text line a terminal shows as it is: the control characters of
+    the message escaped, newlines too (one record, one line); a traceback's
+    lines stay lines, their control characters escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return escape_controls(super().formatException(ei), multiline=True)
+
+    def formatStack(self, stack_info: str) -> str:
+        return escape_controls(super().formatStack(stack_info), multiline=True)
 
 
 class LokiHandler(logging.Handler):
@@ -158,7 +181,8 @@ class LokiHandler(logging.Handler):
                 self._warned = True
                 # never through logging (it would come back here), never the URL
                 print(
-                    f"sqla-queue: pushing logs to GRAFANA_URL failed: {describe_error(exc)} "
+                    "sqla-queue: pushing logs to GRAFANA_URL failed: "
+                    f"{escape_controls(describe_error(exc))} "
                     "(lines are dropped until it answers; said once)",
                     file=sys.stderr,
                 )
@@ -173,7 +197,7 @@ def configure(
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handlers: list[logging.Handler] = [handler]
     if grafana_url:
         env = (env or "DEV").upper()

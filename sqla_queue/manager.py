@@ -282,6 +282,21 @@ class TaskManager:
         with conn.begin():
             return self.adapter.task_next_due(conn)
 
+    def warm(self, work_conn: Connection) -> None:
+        """Run the completion's statements once on a lane's new work
+        connection, matching no row, and roll back: their compilation and
+        the server session's first look at the table are paid now, while
+        the lane is idle, not by the first tasks after an idle spell
+        (docs/lifecycle.md, "Warm lanes"). Task ids start at 1."""
+        try:
+            with work_conn.begin() as transaction:
+                for results in ([(0, None)], [(0, None), (-1, None)]):
+                    self.adapter.task_complete_many(work_conn, results=results, owner=self.owner)
+                self.adapter.task_hand_back_many(work_conn, ids=[0], owner=self.owner)
+                transaction.rollback()
+        except SQLAlchemyError as exc:  # the first task pays instead
+            logger.debug("warm-up: %s", describe_error(exc))
+
     # ----------------------------------------------------------- running
     def run_batch(
         self,

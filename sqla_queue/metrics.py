@@ -34,6 +34,15 @@ succeeded: an attempt became ``sucesso`` (a dead-letter run's too); retried:
 run's last attempt failed; rescued: ``falha_processando`` (the rescue);
 handed_back: back to ``pendente`` unrun, at a stop.
 
+The ``process`` label is bounded whatever the table holds (each value is a
+series of every family that has it, kept for the process's life): a worker
+that declares its ``processes`` labels those and counts every other
+``processo`` (a rescued task of another worker's, say) as ``other``; one
+that takes every process labels the first ``PROCESS_LABELS_MAX`` distinct
+values it sees and the rest as ``other``. A value's control characters are
+written as visible escapes (``\\x0a``) and it is cut to
+``PROCESS_LABEL_MAX_CHARS`` characters.
+
 prometheus-client is in the ``metrics`` extra (``sqla-queue[metrics]``).
 """
 
@@ -43,7 +52,7 @@ import datetime as dt
 import itertools
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from .exceptions import ConfigurationError
@@ -64,9 +73,17 @@ from .hooks import (
     TaskEvent,
     registry,
 )
+from .redaction import escape_controls
 from .types import utcnow
 
-__all__ = ["OUTCOMES", "QueueMetrics", "serve"]
+__all__ = [
+    "OTHER_PROCESS",
+    "OUTCOMES",
+    "PROCESS_LABELS_MAX",
+    "PROCESS_LABEL_MAX_CHARS",
+    "QueueMetrics",
+    "serve",
+]
 
 #: a task event's outcome label
 OUTCOMES = {
@@ -85,6 +102,13 @@ _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 # the same bounds as durations, to bisect a wait without converting it
 _WAIT_BUCKETS = tuple(dt.timedelta(seconds=bound) for bound in _SECONDS_BUCKETS)
 _ZERO = dt.timedelta(0)
+#: the ``process`` label of every process beyond the labelled ones
+OTHER_PROCESS = "other"
+#: distinct ``process`` label values of a worker that declares no
+#: ``processes``, before the rest count as ``other``
+PROCESS_LABELS_MAX = 100
+#: characters of a ``process`` label value (a longer name is cut)
+PROCESS_LABEL_MAX_CHARS = 100
 
 
 def _prometheus() -> Any:
@@ -99,11 +123,24 @@ def _prometheus() -> Any:
 
 class QueueMetrics:
     """The metrics of one queue's workers in this process (see the module).
-    ``registry``: prometheus-client's (default: its global one)."""
+    ``registry``: prometheus-client's (default: its global one);
+    ``processes``: the workers' declared ``processes`` (None: they take
+    every process), the ``process`` label's only values besides ``other``;
+    ``most_processes``: without them, the distinct values labelled."""
 
-    def __init__(self, queue: str, *, registry: Any = None) -> None:
+    def __init__(
+        self,
+        queue: str,
+        *,
+        registry: Any = None,
+        processes: Collection[str] | None = None,
+        most_processes: int = PROCESS_LABELS_MAX,
+    ) -> None:
         prometheus = _prometheus()
+        if most_processes < 0:
+            raise ConfigurationError(f"most_processes must be 0 or more, not {most_processes}")
         self.queue = queue
+        self._process_label = _ProcessLabels(processes, most_processes)
         self.registry = registry if registry is not None else prometheus.REGISTRY
         kw = {"registry": self.registry}
         # per task: counted here, one lock per event, read when scraped
@@ -174,7 +211,8 @@ class QueueMetrics:
                 # family): else the handler's start, a moment after the claim
                 started = task.started_at or utcnow() - dt.timedelta(seconds=seconds)
                 wait = started - ready
-        self._figures.add(task.process or "", OUTCOMES[event.event], seconds, wait)
+        process = self._process_label(task.process or "")
+        self._figures.add(process, OUTCOMES[event.event], seconds, wait)
 
     def _on_batch(self, event: BatchEvent) -> None:
         # the tasks whose outcome the batch committed (a batch whose claim
@@ -189,6 +227,41 @@ class QueueMetrics:
 
     def _on_reconnect(self, event: LaneEvent) -> None:
         self.reconnects.labels(self.queue).inc()
+
+
+class _ProcessLabels:
+    """A task's ``processo`` -> its ``process`` label value: a declared
+    process, or one of the first ``most`` distinct values seen when none
+    are declared, else ``other`` (see the module). Known names are looked
+    up without a lock; the cache of names is bounded like the labels."""
+
+    def __init__(self, processes: Collection[str] | None, most: int) -> None:
+        self._closed = processes is not None
+        self._most = most
+        self._lock = threading.Lock()
+        self._labels = {process: _label_value(process) for process in processes or ()}
+        self._seen = set(self._labels.values())
+
+    def __call__(self, process: str) -> str:
+        label = self._labels.get(process)
+        if label is not None:
+            return label
+        if self._closed:
+            return OTHER_PROCESS
+        label = _label_value(process)
+        with self._lock:
+            if label not in self._seen:
+                if len(self._seen) >= self._most:
+                    return OTHER_PROCESS
+                self._seen.add(label)
+            # names whose label is one of the kept (a cut name has many)
+            if len(self._labels) < 4 * self._most:
+                self._labels[process] = label
+        return label
+
+
+def _label_value(process: str) -> str:
+    return escape_controls(process)[:PROCESS_LABEL_MAX_CHARS]
 
 
 class _Tally:
@@ -333,10 +406,18 @@ class _LaneCollector:
         return iter(())
 
 
-def serve(port: int, *, host: str = "127.0.0.1", queue: str, registry: Any = None) -> QueueMetrics:
+def serve(
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    queue: str,
+    registry: Any = None,
+    processes: Collection[str] | None = None,
+) -> QueueMetrics:
     """Attach a queue's metrics to the process's hooks and serve them as
-    Prometheus text on ``http://host:port/metrics``, from a daemon thread."""
+    Prometheus text on ``http://host:port/metrics``, from a daemon thread
+    (``processes``: the worker's, see :class:`QueueMetrics`)."""
     prometheus = _prometheus()
-    metrics = QueueMetrics(queue, registry=registry).attach()
+    metrics = QueueMetrics(queue, registry=registry, processes=processes).attach()
     prometheus.start_http_server(port, addr=host, registry=metrics.registry)
     return metrics

@@ -142,7 +142,9 @@ class QueueMixin:
     #: equivalent tasks (one index write less per insert and per sucesso)
     __queue_equivalence_index__: ClassVar[bool] = True
     #: unique processes (sqla_queue.Unique, docs/unique.md): a table
-    #: <table>_unique beside the queue table holds who has each key
+    #: <table>_unique beside the queue table holds who has each key, and the
+    #: live-key index ix_<table>_unica (made after the table) refuses a
+    #: second live task of a key on every path
     __queue_unique__: ClassVar[tuple[Any, ...]] = ()
     #: False: no <table>_status beside the queue table (the finished
     #: states' counts that sqla-queue status keeps: status_summary.py)

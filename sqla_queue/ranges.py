@@ -3,7 +3,8 @@
 Every setting that takes a number (an environment variable, a worker class
 attribute, a ``queue_configuration`` row) is checked against one of these
 when it is read, so NaN, the infinities and absurd values stop a worker at
-start with one line naming the setting. The settings, the catalogue, the
+start with one line naming the setting. The command line's numbers are
+checked against them too (``sqla_queue/cli/checks.py``). The settings, the catalogue, the
 leases and the routines all import from here; this module imports nothing
 of sqla-queue's but its exceptions.
 """
@@ -18,18 +19,25 @@ from .exceptions import ConfigurationError
 __all__ = [
     "BASE_INTERVAL_MINUTES",
     "CHECK_SECONDS",
+    "CONCURRENCY",
     "CREDENTIALS_TTL",
     "DEFAULT_LEASE_SECONDS",
     "HTTP_TIMEOUT",
     "KEEPALIVE_SECONDS",
     "LEASE_SECONDS",
+    "LISTEN_PORT",
     "MAX_CLIENTS",
     "MAX_RETRY",
     "MAX_UNAUTHENTICATED",
+    "OLDER_THAN_SECONDS",
     "PORT",
+    "REQUEUE_LIMIT",
     "SOCKET_SECONDS",
+    "TASK_ID",
     "TENANT_ENGINES",
     "WAIT_SECONDS",
+    "WATCH_SECONDS",
+    "WINDOW_SECONDS",
     "Range",
 ]
 
@@ -41,6 +49,8 @@ class Range:
     Every bound is finite, so NaN and the infinities are always refused
     (``float("nan")`` parses, and would compare false with every bound)."""
 
+    #: give an int bound where a float would round it (2**63 - 1 as a float
+    #: is 2**63): the comparisons of int values with int bounds are exact
     low: float
     high: float
     integer: bool = False
@@ -113,3 +123,20 @@ MAX_UNAUTHENTICATED = Range(1, 100_000, integer=True)
 CHECK_SECONDS = Range(0, 24 * 60 * 60, low_open=True, unit="seconds")
 #: seconds a connection may stay silent before its peer is probed
 KEEPALIVE_SECONDS = Range(1, 24 * 60 * 60, unit="seconds")
+
+# ------------------------------------------------------ the command line
+#: a task's (an attempt's) id: a BIGINT's positive values, on every database
+TASK_ID = Range(1, 2**63 - 1, integer=True)
+#: lanes of one worker process (each holds two connections)
+CONCURRENCY = Range(1, 10_000, integer=True)
+#: a port a server listens on (0: one the system picks)
+LISTEN_PORT = Range(0, 65535, integer=True)
+#: dead tasks one ``requeue`` takes
+REQUEUE_LIMIT = Range(1, 10_000, integer=True)
+#: seconds between ``status --watch``'s refreshes
+WATCH_SECONDS = Range(0.5, 3600, unit="seconds")
+#: ``status --window``: below a second a rate means nothing; at most a
+#: hundred years back, within every database's dates
+WINDOW_SECONDS = Range(1, 100 * 365 * 86400, unit="seconds")
+#: ``cancel --older-than``: 0 (every waiting task) to a hundred years
+OLDER_THAN_SECONDS = Range(0, 100 * 365 * 86400, unit="seconds")

@@ -13,6 +13,11 @@ signatures in query strings (``sig=``, ``X-Amz-Signature=``), Azure
 PEM private keys, ``Authorization`` / ``X-…-Key`` / ``X-…-Token`` header
 values, and cookie values (``Cookie:``, ``Set-Cookie:``; the cookie names
 stay, they help to debug). Names, hosts and the rest of the text are kept.
+
+And keep a terminal safe from what is stored: :func:`escape_controls`
+writes the control characters of a text (a webhook response body in
+``mensagem``, a processo, a worker id...) as visible escapes before a
+person's terminal or a text log line gets it (``\\x1b``, ``\\u202e``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import re
 
 from sqlalchemy.exc import DBAPIError
+
+__all__ = ["MASK", "describe_error", "escape_controls", "escape_json_line", "fit_message", "redact"]
 
 MASK = "***"
 
@@ -121,3 +128,60 @@ def describe_error(exc: BaseException) -> str:
         exc = exc.orig
     text = redact(str(exc)).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# What a terminal acts on or hides, as a character class: C0 (ESC starts
+# the sequences that move the cursor, clear the screen, set the window's
+# title, make hidden links), DEL, C1 (U+009B is a CSI of its own), and the
+# invisible format characters (Unicode's Cf: the bidi overrides and
+# isolates that reorder what is shown, zero-width spaces, the BOM, the tag
+# characters that can carry hidden text), the line and paragraph
+# separators, and lone surrogates (unprintable: a UnicodeEncodeError on
+# stdout). ZWNJ and ZWJ (U+200C, U+200D) stay: scripts and emoji need them
+# and they reorder nothing.
+_CONTROLS = re.compile(
+    "[\x00-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2"
+    "\u180e\u200b\u200e\u200f\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff"
+    "\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
+_LINE_BREAKS = re.compile(r"\r\n|\n")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def escape_controls(text: str, *, multiline: bool = False) -> str:
+    """``text`` for a terminal or a text log line: every control or
+    invisible format character (see ``_CONTROLS``) written as a visible
+    Python-style escape, ``\\x1b``, ``\\x9b``, ``\\u202e``, ``\\U000e0041``.
+    Newlines too (one line stays one line: a table cell, a log line),
+    unless ``multiline`` (a traceback), which keeps them (and turns
+    ``\\r\\n`` into one). Everything else, backslashes included, is kept:
+    the result is for a person to read, not to decode."""
+    if not multiline:
+        return _CONTROLS.sub(_visible, text)
+    return "\n".join(_CONTROLS.sub(_visible, line) for line in _LINE_BREAKS.split(text))
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON spells a character beyond the BMP as its surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def escape_json_line(line: str) -> str:
+    """A ``json.dumps(..., ensure_ascii=False)`` text with the characters
+    :func:`escape_controls` escapes written as JSON escapes (``\\u009b``):
+    the same JSON (a reader decodes the same values), safe in a terminal.
+    (``json.dumps`` escapes C0 itself; it leaves DEL, C1 and the format
+    characters as they are.)"""
+    return _CONTROLS.sub(_json_escape, line)

@@ -12,6 +12,15 @@ the database's write lock is taken first) and a head that already has a
 requeued chain is skipped, so two requeues at once revive a task once, on
 any engine (the application's own too).
 
+A dead task of a unique process (``__queue_unique__``, docs/unique.md)
+whose key a live task holds now (or, with a period, a task that succeeded
+within it) is not requeued: the call raises ``DuplicateTaskError`` naming
+both, before it inserts anything (roll the transaction back: the key table
+may have been written), as it does for two dead tasks of one key in one
+call. A requeued chain takes its key, as an enqueue does. The table's
+live-key index (unique.py) refuses what this check cannot see (a table
+named without its model).
+
 Selection: by ids (a head's id or the original task's, ``live_id``), by
 process, by the head's time (``data_hora``: when the task went dead), or
 all; ``dry_run`` lists what would be requeued and writes nothing. It runs
@@ -28,12 +37,14 @@ from typing import Any
 
 from sqlalchemy import Connection, false, select, true
 
+from . import unique
 from .adapters import Adapter
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, DuplicateTaskError
 from .mixins import Status
 from .progress import Progress
 from .records import TaskRecord
 from .rows import carried_columns
+from .types import utcnow
 
 __all__ = ["Requeued", "requeue_dead"]
 
@@ -96,15 +107,51 @@ def requeue_dead(
         return [Requeued(h.id, h.live_id, h.process, None) for h in todo]
     payloads = _original_payloads(conn, adapter, [h for h in todo if h.payload_text is None])
     rows = [_requeued_row(head, payloads) for head in todo]
+    keys = _take_unique_keys(conn, adapter.table, todo, rows)
     new_ids: list[int] = []
     for start in range(0, len(rows), REQUEUE_CHUNK):
         new_ids += adapter.task_insert_many(conn, rows=rows[start : start + REQUEUE_CHUNK])
         if progress is not None:
             progress(len(new_ids), len(rows), f"requeued {len(new_ids)}")
+    for decision, new_id in zip(keys, new_ids, strict=True):
+        if decision is not None:
+            unique.bind(conn, adapter.table, decision, new_id)
     return [
         Requeued(head.id, head.live_id, head.process, new_id)
         for head, new_id in zip(todo, new_ids, strict=True)
     ]
+
+
+def _take_unique_keys(
+    conn: Connection, table: Any, heads: list[TaskRecord], rows: list[dict[str, Any]]
+) -> list[unique.Decision | None]:
+    """Each requeued row of a unique process admitted as an enqueue is
+    (unique.admit), any duplicate refused; the keys taken, to bind to the
+    new ids (None: not a unique task)."""
+    policies = unique.policies_of(table)
+    if not policies:
+        return [None] * len(rows)
+    now = utcnow()
+    taken: list[unique.Decision | None] = []
+    seen: dict[str, int] = {}
+    for head, row in zip(heads, rows, strict=True):
+        rule = policies.get(str(row.get("processo")))
+        external_key = row.get("chave_externa")
+        if rule is None or external_key is None:
+            taken.append(None)
+            continue
+        key = unique.key_of(rule.process, row.get("tenant"), external_key)
+        if key in seen:
+            raise DuplicateTaskError(
+                f"dead tasks {seen[key]} and {head.id} have one unique key (process "
+                f"{rule.process!r}, external key {external_key!r}): requeue one of them"
+            )
+        seen[key] = head.id
+        try:
+            taken.append(unique.admit(conn, table, row, now, refuse=True))
+        except DuplicateTaskError as exc:
+            raise DuplicateTaskError(f"dead task {head.id} not requeued: {exc}") from None
+    return taken
 
 
 def _aware(value: dt.datetime) -> dt.datetime:

@@ -41,9 +41,19 @@ PostgreSQL's REPEATABLE READ a key taken by a transaction that committed
 after the enqueuing one began cannot be read; the enqueue then fails with
 ``DuplicateTaskError`` asking to retry the transaction.
 
-Only the application's enqueues are checked (the ORM flush hook and
-``QueueClient``'s inserts on a client built from the model): a worker's
-retries and dead-letter runs belong to the chain that holds the key.
+The policies are applied to the application's enqueues (the ORM flush
+hook and ``QueueClient``'s inserts on a client built from the model) and a
+requeue of dead tasks refuses a duplicate (requeue.py); a worker's retries
+and dead-letter runs belong to the chain that holds the key. Every other
+way a live task could get a key (a Core or ORM bulk INSERT, an UPDATE of
+``chave_externa``, a client built from a table name, Spark) meets the
+database's own guard: the *live-key index* ``ix_<table>_unica``, made with
+the table (adapters/unique.py: a partial unique index on PostgreSQL and
+SQLite, a generated column with a unique index on the MySQL family), which
+refuses a second live task with the same key at once, whatever the
+isolation level; its violation raises the same ``DuplicateTaskError``
+(a ``handle_error`` listener on every engine). It guards the live tasks
+only: the period is the key table's.
 """
 
 from __future__ import annotations
@@ -55,10 +65,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import BigInteger, Column, Connection, Integer, String, Table, event, inspect
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Integer,
+    String,
+    Table,
+    event,
+    inspect,
+)
 from sqlalchemy.orm import Mapper, Session
 
-from .adapters.unique import UniqueQueries
+from .adapters.unique import (
+    UniqueQueries,
+    live_index_name,
+    live_key_statements,
+    refused_by_live_index,
+)
 from .exceptions import ConfigurationError, DuplicateTaskError
 from .identifiers import derived_identifier
 from .mixins import OPEN_STATUSES, QueueMixin, Status
@@ -71,6 +96,7 @@ __all__ = [
     "bind",
     "declare",
     "duplicate_of",
+    "live_index_name",
     "policies_of",
     "unique_table",
 ]
@@ -151,8 +177,22 @@ def declare(table: Table, declared: Any) -> None:
         by_process[item.process] = item
     table.info[_INFO] = by_process
     unique_table(table)
+    if not event.contains(table, "after_create", _create_live_key):
+        event.listen(table, "after_create", _create_live_key)
     global declared_any
     declared_any = True
+
+
+def _create_live_key(table: Table, connection: Any, **kw: Any) -> None:
+    """``create_all()``'s (and ``sqla-queue ddl``'s) live-key index, after
+    the queue table (adapters/unique.py: partial unique index, or generated
+    column and unique index)."""
+    for statement in live_key_statements(table, tuple(policies_of(table)), connection.dialect):
+        connection.execute(statement)
+
+
+# every engine: a live-key index's violation is the flush hook's error
+event.listen(Engine, "handle_error", refused_by_live_index)
 
 
 def policies_of(table: Table) -> Mapping[str, Unique]:
@@ -187,11 +227,19 @@ def key_of(process: str, tenant: Any, external_key: Any) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
-def admit(conn: Connection, table: Table, row: Mapping[str, Any], now: dt.datetime) -> Decision:
+def admit(
+    conn: Connection,
+    table: Table,
+    row: Mapping[str, Any],
+    now: dt.datetime,
+    *,
+    refuse: bool = False,
+) -> Decision:
     """Whether the task ``row`` (seed column names) may be enqueued, in the
     caller's transaction: NOT_UNIQUE, a new key (taken: :func:`bind` it to
     the task's id once inserted), or a duplicate, replaced if the policy
-    says so; raises ``DuplicateTaskError`` under the ``error`` policy."""
+    says so; raises ``DuplicateTaskError`` under the ``error`` policy, and
+    for any duplicate with ``refuse`` (a requeue: requeue.py)."""
     rule = policies_of(table).get(str(row.get("processo")))
     external_key = row.get("chave_externa")
     if rule is None or external_key is None:
@@ -204,8 +252,14 @@ def admit(conn: Connection, table: Table, row: Mapping[str, Any], now: dt.dateti
         if held is None:
             continue  # REPEATABLE READ: inserted by a transaction this one cannot see
         newest = None if held.task_id is None else queries.newest_attempt(conn, held.task_id)
-        if held.task_id is not None and _counts(newest, held.taken_at, rule, now):
-            return _duplicate(conn, queries, rule, row, key, int(held.task_id), newest, now)
+        if (
+            held.task_id is not None
+            and _same_key(newest, rule, row)
+            and _counts(newest, held.taken_at, rule, now)
+        ):
+            return _duplicate(
+                conn, queries, rule, row, key, int(held.task_id), newest, now, refuse=refuse
+            )
         # free: the row just inserted (a key is bound to its task in the
         # transaction that takes it), one left by a transaction that
         # committed without its task, or a task that no longer counts
@@ -337,6 +391,16 @@ def _declare(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
         declare(table, declared)
 
 
+def _same_key(newest: Any, rule: Unique, row: Mapping[str, Any]) -> bool:
+    """Whether the chain that holds the key still has it: an UPDATE of its
+    ``chave_externa`` (or process, or tenant) frees the key it had."""
+    if newest is None or newest.chave_externa is None:
+        return False
+    return key_of(str(newest.processo), newest.tenant, newest.chave_externa) == key_of(
+        rule.process, row.get("tenant"), row.get("chave_externa")
+    )
+
+
 def _counts(newest: Any, taken_at: dt.datetime, rule: Unique, now: dt.datetime) -> bool:
     """Whether the chain whose newest attempt is ``newest`` makes a new
     task a duplicate."""
@@ -360,11 +424,13 @@ def _duplicate(
     existing: int,
     newest: Any,
     now: dt.datetime,
+    *,
+    refuse: bool = False,
 ) -> Decision:
-    if rule.policy == "error":
+    if rule.policy == "error" or refuse:
         raise DuplicateTaskError(
             f"process {rule.process!r}, external key {row.get('chave_externa')!r}: "
-            f"task {existing} is {newest.status} (unique, policy 'error')"
+            f"task {existing} is {newest.status} (unique, policy {rule.policy!r})"
         )
     replaced = False
     if rule.policy == "replace" and newest.status in _WAITING:

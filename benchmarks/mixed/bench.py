@@ -21,8 +21,11 @@ Every handler sleeps its task's duration (time.sleep in a sync sqla-queue
 worker, asyncio.sleep in the others), then writes one effect row
 (``mix_effect``): sqla-queue's through the handler's Session, so it
 commits with the task's ``sucesso``; the peers' on an autocommit
-connection of their own (they give a handler no transaction). An observer
-polls every 50 ms which tasks are done as a caller sees it (sqla-queue: the
+connection of their own (they give a handler no transaction). Before the
+case, every system's worker runs a few instant tasks and then sits idle
+for 3 s (warm_up; MIXED_COLD=1 measures a just-started worker instead).
+An observer polls every 5 ms (MIXED_POLL_SECONDS; 50 ms until 2026-11-29
+afternoon) which tasks are done as a caller sees it (sqla-queue: the
 committed ``sucesso``; pgqueuer: the job row gone; procrastinate: status
 ``succeeded``) and which effect rows exist. This is the method of
 ../shared/bench/mixed/bench.py (the issue's), with sqla-queue's side and a
@@ -49,9 +52,12 @@ from typing import Any
 import psycopg
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE.parent / "results" / "mixed"
+RESULTS = Path(os.environ.get("MIXED_RESULTS", HERE.parent / "results" / "mixed"))
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-POLL_SECONDS = 0.05
+POLL_SECONDS = float(os.environ.get("MIXED_POLL_SECONDS", "0.005"))
+#: run a few tasks on every lane before the case (warm_up); keys from WARM_KEYS
+WARM = os.environ.get("MIXED_COLD", "") != "1"
+WARM_KEYS = 1_000_000
 
 #: case -> (lanes, seconds to wait for the last task, tasks per transaction,
 #: seconds between transactions)
@@ -196,6 +202,28 @@ def observe(system: System, want: int, stop: threading.Event, state: dict[str, A
     conn.close()
 
 
+def warm_up(system: System, enqueuer: Any, lanes: int) -> None:
+    """Every lane of the worker runs a few instant tasks (keys from
+    WARM_KEYS, outside the figures) before the case starts: the case then
+    measures a worker that has run before and sits idle, as a user's does,
+    not its first seconds (each system's first statements, compiled and
+    planned once per process and connection). MIXED_COLD=1 skips this."""
+    n = 4 * lanes
+    for k0 in range(WARM_KEYS, WARM_KEYS + n, 2):
+        enqueuer.enqueue([(k0, 0.0), (k0 + 1, 0.0)])
+        time.sleep(0.01)
+    deadline = time.monotonic() + 60
+    with psycopg.connect(system.url, autocommit=True) as c:
+        while True:
+            done = c.execute(
+                "SELECT count(*) FROM mix_effect WHERE job_key >= %s", (WARM_KEYS,)
+            ).fetchone()[0]  # type: ignore[index]
+            if done >= n:
+                return
+            assert time.monotonic() < deadline, f"warm-up: {done} of {n} tasks done in 60 s"
+            time.sleep(0.05)
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
@@ -242,6 +270,9 @@ def run(system: System, case: str, tag: str) -> dict[str, Any]:
     try:
         time.sleep(3)  # an idle worker, as a user's would be
         assert worker.poll() is None, "worker exited at start"
+        if WARM:
+            warm_up(system, enqueuer, lanes)
+            time.sleep(3)  # idle again
         watcher = threading.Thread(
             target=observe, args=(system, len(durations), stop, state), daemon=True
         )
@@ -262,7 +293,9 @@ def run(system: System, case: str, tag: str) -> dict[str, Any]:
             time.sleep(max(0.0, next_at - time.monotonic()))
         watcher.join(limit)
         with psycopg.connect(system.url, autocommit=True) as c:
-            effect_rows = c.execute("SELECT count(*) FROM mix_effect").fetchone()[0]  # type: ignore[index]
+            effect_rows = c.execute(
+                "SELECT count(*) FROM mix_effect WHERE job_key < %s", (WARM_KEYS,)
+            ).fetchone()[0]  # type: ignore[index]
     finally:
         stop.set()
         worker.send_signal(signal.SIGTERM)
@@ -279,6 +312,8 @@ def run(system: System, case: str, tag: str) -> dict[str, Any]:
         "lanes": lanes,
         "pgq_mode": system.pgq_mode if system.name == "pgqueuer" else None,
         "late_ticks": late,
+        "warm": WARM,
+        "poll_seconds": POLL_SECONDS,
         "effect_rows": effect_rows,
         "done": figures(case, enq_t, state["done"], durations),
         "effect": figures(case, enq_t, state["effect"], durations),

@@ -36,4 +36,4 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-"$PYTHON" report.py
+"$PYTHON" report.py ${MIXED_RESULTS:+"$MIXED_RESULTS"}

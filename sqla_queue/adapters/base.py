@@ -53,8 +53,9 @@ from ..mixins import OWN_COLUMNS, Status, inline_count, status_is
 from ..records import TaskRecord
 from ..rows import SUCCESS_MESSAGE
 from ..types import UtcDateTime, utcnow
+from .unique import duplicate_error, refused_by_live_index
 
-__all__ = ["Adapter", "ClaimFilter", "Listener", "LockHolder", "VacuumState"]
+__all__ = ["Adapter", "ClaimFilter", "HorizonHolder", "Listener", "LockHolder", "VacuumState"]
 
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -150,13 +151,35 @@ class ClaimFilter:
 
 
 @dataclass(frozen=True)
+class HorizonHolder:
+    """Something that keeps a vacuum from freeing the dead tuples newer than
+    it: a transaction (its snapshot or its transaction id), a prepared
+    transaction, a replication slot, a standby's feedback."""
+
+    #: one line naming it (pid, state and application; slot; gid; standby),
+    #: never its query text
+    what: str
+    #: the same across rounds while the same transaction, slot or standby
+    #: holds (the routine warns once per pin)
+    pin: str
+    #: transactions begun since its oldest one (``age()``: wraparound-safe)
+    xids: int
+    #: seconds it has held (its transaction's start, its PREPARE); None where
+    #: the database does not say (slots, standbys)
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class VacuumState:
     """What the vacuum routine needs to know of a queue table."""
 
     dead_tuples: int
-    #: who holds the oldest snapshot, when it keeps a vacuum from freeing
-    #: anything (one line, no query text); None when nothing does
-    horizon_holder: str | None = None
+    #: the next transaction id, 64 bits wide (it never wraps): what the
+    #: routine notes each round to age the holders that carry no time
+    next_xid: int = 0
+    #: the holders of the horizon, oldest first: transactions held longer
+    #: than the routine's ``horizon_seconds``, and every slot and standby
+    holders: tuple[HorizonHolder, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,8 +267,15 @@ def statements_unobserved(conn: Connection) -> bool:
         return True
     return not (
         any(getattr(conn.dispatch, name, None) for name in _CONNECTION_EVENTS)
-        or any(getattr(conn.dialect.dispatch, name, None) for name in _DIALECT_EVENTS)
+        or any(_foreign(getattr(conn.dialect.dispatch, name, None)) for name in _DIALECT_EVENTS)
     )
+
+
+def _foreign(listeners: Any) -> bool:
+    """Whether ``listeners`` hold one that is not sqla-queue's own
+    ``handle_error`` (the live-key index's error, which DriverErrors gives
+    on the direct path too)."""
+    return bool(listeners) and any(fn is not refused_by_live_index for fn in listeners)
 
 
 class DriverErrors:
@@ -290,7 +320,7 @@ class DriverErrors:
             if invalidated:
                 conn.engine.pool._invalidate(conn.connection, exc)  # as conn.execute does
                 conn.invalidate(exc)
-            raise error from exc
+            raise (duplicate_error(error) or error) from exc
         if not isinstance(exc, (Exception, GeneratorExit)):
             # KeyboardInterrupt, SystemExit, a cancelled greenlet: the
             # protocol may be mid-message, so the connection is not reused
@@ -508,6 +538,16 @@ class Adapter:
 
     def prepare_engine(self, engine: Engine) -> None:
         """Per-dialect settings the worker needs on its own engine."""
+
+    def proxied(self, conn: Connection) -> bool:
+        """Whether ``conn`` reaches the server through a pooler or proxy
+        (where the database can tell: PostgreSQL; :meth:`prepare_engine`'s
+        engines only)."""
+        return False
+
+    def keep_lane_session(self, conn: Connection) -> None:
+        """Keep a lane's work connection from being ended by the server for
+        being idle while a handler works (PostgreSQL's idle timeouts)."""
 
     def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """Make ``engine``'s connections give up on a silent peer within
@@ -932,8 +972,9 @@ class Adapter:
 
     # ------------------------------------------------------------ vacuum
     def table_vacuum_state(self, conn: Connection, horizon_seconds: float) -> VacuumState:
-        """The table's dead tuples, and who holds a snapshot older than
-        ``horizon_seconds`` (where the database says)."""
+        """The table's dead tuples, and what holds the vacuum horizon: the
+        transactions (and prepared ones) older than ``horizon_seconds``,
+        the replication slots and standbys whatever their age."""
         raise UnsupportedOperationError(f"{self.family}: table_vacuum_state")
 
     def table_health(self, conn: Connection) -> TableHealth | None:

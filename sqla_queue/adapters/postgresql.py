@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -49,12 +51,13 @@ from sqlalchemy.sql.visitors import InternalTraversal
 from ..exceptions import UnsupportedOperationError
 from ..mixins import COLUMN_NAMES, Status, inline_count, status_is
 from ..records import TaskRecord
-from ..redaction import describe_error
+from ..redaction import describe_error, escape_controls
 from . import libpq
 from .base import (
     PROMOTE_CHUNK,
     Adapter,
     DriverErrors,
+    HorizonHolder,
     Listener,
     LockHolder,
     TableHealth,
@@ -64,7 +67,7 @@ from .base import (
     statements_unobserved,
 )
 from .liveness import Keepalive, on_new_connections, remember
-from .locks import SESSION_NAME, DatabaseRoutineLock, RoutineLock, TransactionRoutineLock
+from .locks import SESSION_NAME, DatabaseRoutineLock, LeaseRoutineLock, RoutineLock
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _UNKNOWN: Any = object()
@@ -89,6 +92,25 @@ SESSION_SETTINGS = (
     ("idle_session_timeout", "0", (14,)),
 )
 _SESSION_MARK = "sqla_queue_session"
+#: record.info: whether the connection goes through a pooler or proxy
+_PROXIED = "sqla_queue_proxied"
+#: the claim's plan settings (SESSION_SETTINGS) for its transaction alone,
+#: those this server has
+_PLAN_SETTINGS_LOCAL = text(
+    "SELECT set_config(s.name, v.value, true) FROM (VALUES ('enable_seqscan', 'off'),"
+    " ('jit', 'off'), ('plan_cache_mode', 'force_generic_plan')) AS v(name, value)"
+    " JOIN pg_settings AS s ON s.name = v.name"
+)
+#: a lane's work session: never ended for being idle (keep_lane_session);
+#: the names set, for the reset at check-in
+_LANE_SESSION_SETTINGS = text(
+    "SELECT name, set_config(name, '0', false) FROM pg_settings"
+    " WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"
+)
+#: the LISTEN connection (autocommit, no parameters)
+_LISTEN_SESSION_SETTINGS = (
+    "SELECT set_config(name, '0', false) FROM pg_settings WHERE name = 'idle_session_timeout'"
+)
 #: statements kept compiled for the DBAPI cursor, per cache (the claim's:
 #: one per LIMIT seen)
 DIRECT_KEPT = 256
@@ -304,8 +326,9 @@ class PostgresAdapter(Adapter):
     def routine_lock(self, engine: Engine) -> RoutineLock:
         if not self.task_locks:
             # per-task locks off: the sign of a transaction-pooling PgBouncer
-            # (docs/pgbouncer.md), behind which session locks leak
-            return TransactionRoutineLock(engine, self)
+            # (docs/pgbouncer.md), behind which session locks leak and an
+            # open transaction pins a server connection: a lease row instead
+            return LeaseRoutineLock(engine, self)
         return DatabaseRoutineLock(engine, self)
 
     def id_match(self, column: Any, name: str) -> ColumnElement[bool]:
@@ -487,6 +510,10 @@ class PostgresAdapter(Adapter):
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
     ) -> list[TaskRecord]:
         lease = self._lease_params(lease_seconds)
+        if conn.info.get(_PROXIED):
+            # no session settings through a pooler (own_connection): the
+            # claim's plan settings for its own transaction only
+            conn.execute(_PLAN_SETTINGS_LOCAL)
         direct = self._direct_claim(conn.dialect, limit) if statements_unobserved(conn) else None
         if direct is None:
             result = conn.execute(self._claim, {"limit": limit, "owner": owner, **lease})
@@ -617,9 +644,11 @@ class PostgresAdapter(Adapter):
 
         Set once per server session, and reset when the connection goes back
         to the pool (where a handler's session may take it next). Not behind
-        a transaction-pooling PgBouncer (``task_locks`` off): a session
-        setting would reach another client's statements there."""
-        if not self.task_locks:
+        a transaction-pooling PgBouncer (``task_locks`` off), nor on a
+        connection through any pooler or proxy (:func:`_note_proxy`): a
+        session setting would reach another client's statements there; the
+        claim then sets the plan settings for its own transaction."""
+        if not self.task_locks or conn.info.get(_PROXIED):
             return conn
         record = conn.connection
         if not record.info.get(_SESSION_MARK):
@@ -640,15 +669,19 @@ class PostgresAdapter(Adapter):
 
     # ------------------------------------------------------------ vacuum
     def table_vacuum_state(self, conn: Connection, horizon_seconds: float) -> VacuumState:
-        dead = conn.execute(
-            text(
-                "SELECT coalesce(n_dead_tup, 0) FROM pg_stat_all_tables "
-                "WHERE relid = to_regclass(:table)"
-            ),
-            {"table": self._quoted()},
-        ).scalar()
-        holder = conn.execute(_HORIZON_HOLDER, {"seconds": float(horizon_seconds)}).first()
-        return VacuumState(int(dead or 0), None if holder is None else str(holder[0]))
+        dead, next_xid = conn.execute(_DEAD_TUPLES, {"table": self._quoted()}).one()
+        rows = conn.execute(_HORIZON_HOLDERS, {"seconds": float(horizon_seconds)})
+        holders = tuple(
+            HorizonHolder(
+                # a gid is the application's text: one line, whatever it holds
+                what=escape_controls(row.what),
+                pin=row.pin,
+                xids=int(row.xids),
+                seconds=None if row.seconds is None else float(row.seconds),
+            )
+            for row in rows
+        )
+        return VacuumState(int(dead or 0), int(next_xid), holders)
 
     def table_health(self, conn: Connection) -> TableHealth | None:
         table = self._quoted()
@@ -711,6 +744,40 @@ class PostgresAdapter(Adapter):
             {"ns": self.maintenance_lock_namespace, "key": key},
         )
 
+    def prepare_engine(self, engine: Engine) -> None:
+        """Tell, on each new connection, whether a pooler or proxy stands
+        between this process and the server (:func:`_note_proxy`): the
+        worker's session settings are made only where none does."""
+        if not event.contains(engine, "connect", _note_proxy):
+            event.listen(engine, "connect", _note_proxy, insert=True)
+            # a connection the pool made before: told at its next checkout
+            event.listen(engine, "checkout", _note_proxy_once)
+
+    def proxied(self, conn: Connection) -> bool:
+        return bool(conn.info.get(_PROXIED))
+
+    def keep_lane_session(self, conn: Connection) -> None:
+        """A lane's work connection is idle while a handler works before its
+        first statement, and idle in a transaction while one works after
+        it: ``idle_session_timeout`` and ``idle_in_transaction_session_timeout``
+        (PostgreSQL 14+, 9.6+) set low on the server would end it under a
+        healthy task, which would fail at every attempt. Both off for this
+        session, reset when the connection goes back to the pool; the
+        dead-peer bound (TCP keepalive, liveness.py) still ends the session
+        of a worker cut off by the network. Not through a pooler or proxy
+        (the server's sessions are the pooler's there)."""
+        if conn.info.get(_PROXIED):
+            return
+        record = conn.connection
+        if record.info.get(_SESSION_MARK):
+            return
+        pool = conn.engine.pool
+        if not event.contains(pool, "checkin", _reset_session):
+            event.listen(pool, "checkin", _reset_session)
+        with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+            names = conn.execute(_LANE_SESSION_SETTINGS).scalars().all()
+        record.info[_SESSION_MARK] = list(names)
+
     def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """libpq's keepalive and ``tcp_user_timeout`` parameters on every new
         connection (those the URL or ``connect_args`` give win), and the
@@ -724,6 +791,8 @@ class PostgresAdapter(Adapter):
             _guard(engine, Keepalive.within(self.dead_peer_seconds), server_side=server_side)
 
     def name_session(self, conn: Connection, name: str, *, local: bool = False) -> None:
+        if not local and conn.info.get(_PROXIED):
+            return
         conn.execute(
             text("SELECT set_config('application_name', :name, :local)"),
             {"name": name[:63], "local": local},
@@ -751,6 +820,8 @@ class PostgresAdapter(Adapter):
         ]
 
     def end_when_idle(self, conn: Connection, seconds: float, *, local: bool = False) -> None:
+        if not local and conn.info.get(_PROXIED):
+            return  # a session setting would reach the pooler's other clients
         names = ["idle_in_transaction_session_timeout"]
         if not local:
             names.append("idle_session_timeout")
@@ -762,16 +833,6 @@ class PostgresAdapter(Adapter):
             {"value": str(int(seconds * 1000)), "local": local, "names": names},
         )
 
-    def lock_try_transaction(self, conn: Connection, *, key: int) -> bool:
-        """Like lock_try, held until ``conn``'s transaction ends: the form a
-        transaction-pooling PgBouncer keeps on one server session."""
-        return bool(
-            conn.execute(
-                text("SELECT pg_try_advisory_xact_lock(:ns, :key)"),
-                {"ns": self.maintenance_lock_namespace, "key": key},
-            ).scalar()
-        )
-
     def notify(self, conn: Connection) -> None:
         conn.execute(text("SELECT pg_notify(:channel, '')"), {"channel": self.channel})
 
@@ -779,26 +840,53 @@ class PostgresAdapter(Adapter):
         return PostgresListener(engine, self.channel)
 
 
-#: the oldest holder of the vacuum horizon, when it is old: a session of
-#: this database in a transaction (or idle in one) for ``:seconds``, a
-#: replication slot with an xmin, or a prepared transaction. One line each.
-_HORIZON_HOLDER = text(
-    "SELECT what FROM ("
-    " SELECT format('pid %s (%s, %s, application %L) for %s s', pid, state,"
+#: the queue table's dead tuples, and the next transaction id (64 bits)
+_DEAD_TUPLES = text(
+    "SELECT (SELECT n_dead_tup FROM pg_stat_all_tables WHERE relid = to_regclass(:table)),"
+    " txid_snapshot_xmax(txid_current_snapshot())"
+)
+#: what holds the vacuum horizon of this database's tables, oldest first
+#: (by ``age()``, which counts across the transaction id's wraparound),
+#: as PostgreSQL computes it (procarray.c, ComputeXidHorizons): the
+#: sessions of this database (and those of none: walsenders) by the older
+#: of their snapshot's xmin and their own transaction id (a transaction that
+#: wrote holds its id even with no snapshot: READ COMMITTED, idle in
+#: transaction), in a transaction for ``:seconds``; this database's prepared
+#: transactions prepared that long ago; the replication slots' xmin; the
+#: standbys' xmin (hot_standby_feedback without a slot). Not a logical
+#: slot's catalog_xmin: it holds back only the catalogs' vacuum. One line
+#: each; a session's query text never.
+_HORIZON_HOLDERS = text(
+    "SELECT what, pin, xids, seconds FROM ("
+    " SELECT format('pid %s (%s, %s, application %L%s) for %s s', pid, state,"
     "  coalesce(backend_type, ''), application_name,"
+    "  CASE WHEN backend_xmin IS NULL THEN ', a transaction id and no snapshot' ELSE '' END,"
     "  round(extract(epoch FROM clock_timestamp() - xact_start))) AS what,"
-    "  age(backend_xmin) AS held"
+    "  format('pid %s since %s', pid, xact_start) AS pin,"
+    "  greatest(age(backend_xmin), age(backend_xid)) AS xids,"
+    "  extract(epoch FROM clock_timestamp() - xact_start) AS seconds"
     " FROM pg_stat_activity"
-    " WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    " WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()"
     "  AND (datname = current_database() OR datname IS NULL)"
     "  AND xact_start < clock_timestamp() - make_interval(secs => :seconds)"
     " UNION ALL"
-    " SELECT format('replication slot %L', slot_name), age(xmin)"
+    " SELECT format('prepared transaction %L (owner %s) for %s s', gid, owner,"
+    "  round(extract(epoch FROM clock_timestamp() - prepared))),"
+    "  format('prepared %s', gid), age(transaction),"
+    "  extract(epoch FROM clock_timestamp() - prepared)"
+    " FROM pg_prepared_xacts WHERE database = current_database()"
+    "  AND prepared < clock_timestamp() - make_interval(secs => :seconds)"
+    " UNION ALL"
+    " SELECT format('replication slot %L (%s, %s)', slot_name, slot_type,"
+    "  CASE WHEN active THEN 'active' ELSE 'inactive' END),"
+    "  format('slot %s', slot_name), age(xmin), NULL"
     " FROM pg_replication_slots WHERE xmin IS NOT NULL"
     " UNION ALL"
-    " SELECT format('prepared transaction %L', gid), age(transaction)"
-    " FROM pg_prepared_xacts WHERE prepared < clock_timestamp() - make_interval(secs => :seconds)"
-    ") AS holders ORDER BY held DESC LIMIT 1"
+    " SELECT format('standby %L (walsender pid %s, client %s)', application_name, pid,"
+    "  coalesce(host(client_addr), 'local')),"
+    "  format('standby %s', pid), age(backend_xmin), NULL"
+    " FROM pg_stat_replication WHERE backend_xmin IS NOT NULL"
+    ") AS holders ORDER BY xids DESC LIMIT 20"
 )
 
 
@@ -807,15 +895,16 @@ _TABLE_HEALTH = text(
     " n_dead_tup AS dead_tuples, n_live_tup AS live_tuples"
     " FROM pg_stat_all_tables WHERE relid = to_regclass(:table)"
 )
-# the oldest snapshot another session of this database holds, and since when
+# the oldest snapshot or transaction id another session of this database
+# holds (see _HORIZON_HOLDERS), and since when
 _OLDEST_SNAPSHOT = text(
     "SELECT format('pid %s (%s, %s, application %L)', pid, state,"
     "  coalesce(backend_type, ''), application_name) AS what,"
     " extract(epoch FROM clock_timestamp() - coalesce(xact_start, backend_start)) AS seconds"
     " FROM pg_stat_activity"
-    " WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    " WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND pid <> pg_backend_pid()"
     "  AND (datname = current_database() OR datname IS NULL)"
-    " ORDER BY age(backend_xmin) DESC LIMIT 1"
+    " ORDER BY greatest(age(backend_xmin), age(backend_xid)) DESC LIMIT 1"
 )
 _OTHER_HOLDERS = text(
     "SELECT format('replication slot %L (%s transactions behind)', slot_name, age(xmin))"
@@ -874,7 +963,7 @@ def _client_side(
 
 def _server_side(guard: tuple[Keepalive, bool], dbapi_connection: Any, record: Any) -> None:
     k, server_side = guard
-    if not server_side:
+    if not server_side or record.info.get(_PROXIED):
         return
     values = (
         ("tcp_keepalives_idle", k.idle),
@@ -895,6 +984,54 @@ def _server_side(guard: tuple[Keepalive, bool], dbapi_connection: Any, record: A
     finally:
         cursor.close()
     dbapi_connection.commit()
+
+
+def _note_proxy(dbapi_connection: Any, record: Any) -> None:
+    """Record in ``record.info`` whether this connection reaches the server
+    through a pooler or proxy (PgBouncer, pgcat, a TCP proxy): the server
+    then sees another client socket than this process's own. Compared by
+    port (and by kind: one side a Unix socket, the other TCP). A driver
+    whose socket cannot be read counts as direct, as before."""
+    local = _local_port(dbapi_connection)
+    if local is _UNKNOWN:
+        record.info[_PROXIED] = False
+        return
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SELECT inet_client_port()")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
+    seen = None if row is None else row[0]
+    record.info[_PROXIED] = seen != local
+    if record.info[_PROXIED]:
+        logger.debug("connection through a pooler or proxy: no session settings")
+
+
+def _note_proxy_once(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    if _PROXIED not in record.info:
+        _note_proxy(dbapi_connection, record)
+
+
+_UNKNOWN = object()
+
+
+def _local_port(dbapi_connection: Any) -> Any:
+    """This process's port of ``dbapi_connection``'s socket (None: a Unix
+    socket); _UNKNOWN where the driver does not say."""
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    pgconn = getattr(driver, "pgconn", None)
+    fileno = getattr(pgconn, "socket", None)
+    if not isinstance(fileno, int):
+        return _UNKNOWN
+    try:
+        with socket.socket(fileno=os.dup(fileno)) as sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                return None
+            return int(sock.getsockname()[1])
+    except OSError:
+        return _UNKNOWN
 
 
 def _reset_session(dbapi_connection: Any, record: Any) -> None:
@@ -1064,6 +1201,10 @@ class PostgresListener(Listener):
         assert dbapi_conn is not None
         raw.detach()  # ours alone: it never goes back to the pool
         dbapi_conn.autocommit = True
+        if not raw.info.get(_PROXIED):
+            # idle by design: a server's idle_session_timeout would end it
+            # every few seconds (its notifications lost in between)
+            dbapi_conn.execute(_LISTEN_SESSION_SETTINGS)
         dbapi_conn.execute(f'LISTEN "{self.channel}"')
         return dbapi_conn
 

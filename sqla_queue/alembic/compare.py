@@ -9,7 +9,10 @@ alembic 1.18+, registration order before), for each table of the metadata:
   ``create_queue_index`` operations put in their place: every index of a new
   table, each made only on its dialects, so that the migration serves every
   database; on an existing table, the indexes of this dialect that are
-  missing. On PostgreSQL the NOTIFY trigger is compared too: missing, it is
+  missing. A queue with unique processes (``__queue_unique__``) gets
+  ``create_queue_unique_index`` when its live-key index is missing (by
+  name: a changed list of processes is not seen). On PostgreSQL the NOTIFY
+  trigger is compared too: missing, it is
   created; NOTIFYing another channel, ``alter_queue_channel``. A new table
   always gets ``create_queue_notify_trigger`` (nothing off PostgreSQL).
 - a queue table removed from the metadata: its trigger function is dropped
@@ -38,13 +41,21 @@ from alembic.operations import ops
 from sqlalchemy import Table, select, table, text
 from sqlalchemy import column as sql_column
 
+from ..adapters.unique import (
+    LIVE_KEY_COLUMN,
+    live_index_name,
+    live_index_names,
+    live_key_statements,
+)
 from ..catalog import SCHEMA_WIDE
 from ..configuration_table import SettingRow, configuration_rows
 from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
+from ..unique import policies_of
 from .operations import (
     AlterQueueChannelOp,
     CreateQueueIndexOp,
     CreateQueueNotifyTriggerOp,
+    CreateQueueUniqueIndexOp,
     DropQueueNotifyTriggerOp,
     InsertQueueSettingsOp,
     queue_index_applies,
@@ -61,8 +72,17 @@ def include_object(
     object_: Any, name: str | None, type_: str, reflected: bool, compare_to: Any
 ) -> bool:
     """Alembic's ``include_object`` hook: False for an index of the models
-    that ``QueueMixin`` adds (compared here, not by alembic), True otherwise."""
-    return not (type_ == "index" and not reflected and QUEUE_INDEX_INFO in object_.info)
+    that ``QueueMixin`` adds, and for the live-key index of unique tasks and
+    its generated column (MySQL family), which the database has and the
+    metadata does not (compared here, not by alembic); True otherwise."""
+    if type_ == "index" and not reflected and QUEUE_INDEX_INFO in object_.info:
+        return False
+    if type_ == "column" and reflected and name == LIVE_KEY_COLUMN:
+        return False
+    if type_ in ("index", "unique_constraint") and reflected and name is not None:
+        owner = getattr(object_, "table", None)
+        return owner is None or name not in live_index_names(owner.name)
+    return True
 
 
 def compare_queue_tables(
@@ -106,11 +126,14 @@ def _compare_queue(
     schema, name, channel = metadata_table.schema, metadata_table.name, queue["channel"]
     assert autogen_context.dialect is not None
     dialect = autogen_context.dialect.name
+    processes = sorted(policies_of(metadata_table))
     if conn_table is None:
         modify_table_ops.ops += [CreateQueueIndexOp.from_index(index) for index in indexes]
         modify_table_ops.ops.append(
             CreateQueueNotifyTriggerOp(name, channel=channel, schema=schema)
         )
+        if processes:
+            modify_table_ops.ops.append(CreateQueueUniqueIndexOp(name, processes, schema=schema))
         return
     existing = {
         index["name"] for index in autogen_context.inspector.get_indexes(name, schema=schema)
@@ -121,6 +144,12 @@ def _compare_queue(
         if index.name not in existing
         and queue_index_applies(index.info[QUEUE_INDEX_INFO]["dialects"], dialect)
     ]
+    if (
+        processes
+        and live_index_name(name) not in existing
+        and live_key_statements(metadata_table, processes, autogen_context.dialect)
+    ):
+        modify_table_ops.ops.append(CreateQueueUniqueIndexOp(name, processes, schema=schema))
     if dialect != "postgresql":
         return
     current = _trigger_channel(autogen_context, schema, name)

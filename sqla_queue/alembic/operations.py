@@ -10,6 +10,10 @@ autogenerate writes with them). Each has a renderer for autogenerate and a
   adds, as it makes them: partial (``where``) on PostgreSQL and SQLite, BRIN
   (``using``) on PostgreSQL, and made only on the dialects they are for
   (``dialects``), so one migration serves every database.
+- ``create_queue_unique_index`` / ``drop_queue_unique_index``: the
+  live-key index of a queue's unique processes (docs/unique.md): a partial
+  unique index on PostgreSQL and SQLite, a generated column and its unique
+  index on the MySQL family, nothing on SingleStore.
 - ``create_queue_notify_trigger`` / ``drop_queue_notify_trigger``: the
   PostgreSQL NOTIFY function and trigger (nothing elsewhere).
 - ``alter_queue_channel``: the channel the trigger NOTIFYs.
@@ -30,9 +34,10 @@ from typing import Any
 from alembic.autogenerate import renderers
 from alembic.autogenerate.api import AutogenContext
 from alembic.operations import MigrateOperation, Operations
-from sqlalchemy import Column, Index, String, Text, column, inspect, table, text
+from sqlalchemy import Column, Index, MetaData, String, Table, Text, column, inspect, table, text
 from sqlalchemy.dialects import postgresql
 
+from ..adapters.unique import live_index_names, live_key_drop_statements, live_key_statements
 from ..configuration_table import SettingRow
 from ..identifiers import derived_identifier, validate_identifier
 from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
@@ -41,9 +46,11 @@ __all__ = [
     "AlterQueueChannelOp",
     "CreateQueueIndexOp",
     "CreateQueueNotifyTriggerOp",
+    "CreateQueueUniqueIndexOp",
     "DeleteQueueSettingsOp",
     "DropQueueIndexOp",
     "DropQueueNotifyTriggerOp",
+    "DropQueueUniqueIndexOp",
     "InsertQueueSettingsOp",
     "RenameQueueTableOp",
     "queue_index_applies",
@@ -257,6 +264,103 @@ def _render_create_queue_index(autogen_context: AutogenContext, op: CreateQueueI
 @renderers.dispatch_for(DropQueueIndexOp)
 def _render_drop_queue_index(autogen_context: AutogenContext, op: DropQueueIndexOp) -> str:
     return op._render(autogen_context, "drop_queue_index")
+
+
+# ------------------------------------------------------- live-key index
+class _UniqueIndexOp(MigrateOperation):
+    def __init__(
+        self, table_name: str, processes: Sequence[str], *, schema: str | None = None
+    ) -> None:
+        self.table_name = validate_identifier(table_name, "table name")
+        self.processes = sorted(processes)
+        self.schema = schema
+
+    def _table(self) -> Table:
+        return Table(self.table_name, MetaData(), schema=self.schema)
+
+    def _render(self, autogen_context: AutogenContext, name: str) -> str:
+        return _call(autogen_context, name, self.table_name, self.processes, schema=self.schema)
+
+
+@Operations.register_operation("create_queue_unique_index")
+class CreateQueueUniqueIndexOp(_UniqueIndexOp):
+    """Make the live-key index of a queue table's unique processes
+    (``processes``: the names its model's ``__queue_unique__`` declares):
+    a partial unique index on PostgreSQL and SQLite, a stored generated
+    column and its unique index on MariaDB/MySQL (a table rebuild there),
+    nothing on SingleStore. Fails, and makes nothing, while two live tasks
+    share a key (docs/unique.md says how to find them)."""
+
+    @classmethod
+    def create_queue_unique_index(
+        cls,
+        operations: Operations,
+        table_name: str,
+        processes: Sequence[str],
+        *,
+        schema: str | None = None,
+    ) -> None:
+        """Make the live-key index of ``processes`` on ``table_name``."""
+        operations.invoke(cls(table_name, processes, schema=schema))
+
+    def reverse(self) -> DropQueueUniqueIndexOp:
+        return DropQueueUniqueIndexOp(self.table_name, self.processes, schema=self.schema)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("add_queue_unique_index", self.schema, self.table_name, tuple(self.processes))
+
+
+@Operations.register_operation("drop_queue_unique_index")
+class DropQueueUniqueIndexOp(_UniqueIndexOp):
+    """Drop a queue table's live-key index (and, on the MySQL family, its
+    generated column); ``processes`` is kept for the reverse. To change
+    the unique processes, drop it and create it with the new list."""
+
+    @classmethod
+    def drop_queue_unique_index(
+        cls,
+        operations: Operations,
+        table_name: str,
+        processes: Sequence[str] = (),
+        *,
+        schema: str | None = None,
+    ) -> None:
+        """Drop the live-key index of ``table_name``."""
+        operations.invoke(cls(table_name, processes, schema=schema))
+
+    def reverse(self) -> CreateQueueUniqueIndexOp:
+        if not self.processes:
+            raise ValueError(f"drop_queue_unique_index({self.table_name!r}) without processes")
+        return CreateQueueUniqueIndexOp(self.table_name, self.processes, schema=self.schema)
+
+    def to_diff_tuple(self) -> tuple[Any, ...]:
+        return ("remove_queue_unique_index", self.schema, self.table_name, tuple(self.processes))
+
+
+@Operations.implementation_for(CreateQueueUniqueIndexOp)
+def _create_unique_index(operations: Operations, op: CreateQueueUniqueIndexOp) -> None:
+    dialect = operations.get_context().dialect
+    for statement in live_key_statements(op._table(), op.processes, dialect):
+        operations.execute(statement)
+
+
+@Operations.implementation_for(DropQueueUniqueIndexOp)
+def _drop_unique_index(operations: Operations, op: DropQueueUniqueIndexOp) -> None:
+    dialect = operations.get_context().dialect
+    for statement in live_key_drop_statements(op._table(), dialect):
+        operations.execute(statement)
+
+
+@renderers.dispatch_for(CreateQueueUniqueIndexOp)
+def _render_create_unique_index(
+    autogen_context: AutogenContext, op: CreateQueueUniqueIndexOp
+) -> str:
+    return op._render(autogen_context, "create_queue_unique_index")
+
+
+@renderers.dispatch_for(DropQueueUniqueIndexOp)
+def _render_drop_unique_index(autogen_context: AutogenContext, op: DropQueueUniqueIndexOp) -> str:
+    return op._render(autogen_context, "drop_queue_unique_index")
 
 
 # ------------------------------------------------------- NOTIFY trigger
@@ -491,7 +595,48 @@ def _rename_queue_table(operations: Operations, op: RenameQueueTableOp) -> None:
     if postgres:
         operations.execute(new.create_function)
         operations.execute(new.create_trigger)
+    _rename_live_index(operations, op)
     _rename_companions(operations, op)
+
+
+def _rename_live_index(operations: Operations, op: RenameQueueTableOp) -> None:
+    """The live-key index (unique tasks), where the table has one: renamed
+    (SQLite has no RENAME INDEX: made again from its own SQL). Offline, as
+    the companions, by hand."""
+    if operations.get_context().as_sql:
+        return
+    bind = operations.get_bind()
+    found = {ix["name"] for ix in inspect(bind).get_indexes(op.new_table_name, schema=op.schema)}
+    for old_name, new_name in zip(
+        live_index_names(op.old_table_name), live_index_names(op.new_table_name), strict=True
+    ):
+        if old_name in found:
+            _rename_index(operations, op, old_name, new_name)
+
+
+def _rename_index(
+    operations: Operations, op: RenameQueueTableOp, old_name: str, new_name: str
+) -> None:
+    bind = operations.get_bind()
+    dialect = bind.dialect.name
+    quote = bind.dialect.identifier_preparer.quote
+    owner = f"{quote(op.schema)}." if op.schema else ""
+    if dialect == "postgresql":
+        operations.execute(f"ALTER INDEX {owner}{quote(old_name)} RENAME TO {quote(new_name)}")
+    elif dialect == "sqlite":
+        master = f"{owner}sqlite_master"
+        sql = bind.execute(
+            text(f"SELECT sql FROM {master} WHERE type = 'index' AND name = :name"),
+            {"name": old_name},
+        ).scalar_one()
+        operations.execute(f"DROP INDEX {owner}{quote(old_name)}")
+        # the index's name is the first name in its CREATE INDEX
+        operations.execute(str(sql).replace(old_name, new_name, 1))
+    else:
+        operations.execute(
+            f"ALTER TABLE {owner}{quote(op.new_table_name)} "
+            f"RENAME INDEX {quote(old_name)} TO {quote(new_name)}"
+        )
 
 
 def _rename_companions(operations: Operations, op: RenameQueueTableOp) -> None:

@@ -9,13 +9,17 @@ from typing import Any
 
 import click
 
+from ..catalog import COMMIT_BUDGET_MS
 from ..ddl import DIALECTS, queue_ddl
 from ..exceptions import SqlaQueueError
 from ..logs import configure
 from ..mixins import QueueMixin
+from ..ranges import CONCURRENCY, LISTEN_PORT, PORT
 from ..settings import Settings
 from ..subscribers import SubscriberMixin
 from ..worker import WorkerBase, WorkerWebhook
+from ..worker.base import BATCH_SIZE
+from .checks import CommandError, Number
 from .loading import load_model, load_worker
 
 
@@ -36,28 +40,29 @@ def _worker_options(function: Callable[..., Any]) -> Callable[..., Any]:
                 "--concurrency",
                 default=1,
                 show_default=True,
-                type=click.IntRange(min=1),
-                help="lanes in this process: threads, or for a worker whose handlers are "
-                "async def, coroutines on one event loop (each lane holds two connections)",
+                type=Number(CONCURRENCY),
+                help="lanes in this process (1 to 10,000): threads, or for a worker whose "
+                "handlers are async def, coroutines on one event loop (each lane holds two "
+                "connections)",
             ),
             click.option(
                 "--burst", is_flag=True, help="exit 0 once no task is ready (pending and due)"
             ),
             click.option(
                 "--batch-size",
-                type=click.IntRange(min=1),
-                help="most tasks per claim (1: one task per claim and transaction)",
+                type=Number(BATCH_SIZE),
+                help="most tasks per claim, 1 to 10,000 (1: one task per claim and transaction)",
             ),
             click.option(
                 "--commit-budget-ms",
-                type=click.FloatRange(0, 60_000),
+                type=Number(COMMIT_BUDGET_MS),
                 help="milliseconds a finished task's outcome may wait for its commit "
                 "(0: each task commits alone) [default: the worker's commit_budget_ms, "
                 "else SQLA_QUEUE_COMMIT_BUDGET_MS, else 10]",
             ),
             click.option(
                 "--metrics-port",
-                type=click.IntRange(1, 65535),
+                type=Number(PORT),
                 envvar="SQLA_QUEUE_METRICS_PORT",
                 help="serve Prometheus metrics on this port (/metrics; sqla-queue[metrics]) "
                 "[env: SQLA_QUEUE_METRICS_PORT]",
@@ -145,7 +150,7 @@ def _run_worker(
             commit_budget_ms=commit_budget_ms,
         )
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     sys.exit(code)
 
 
@@ -153,9 +158,9 @@ def _serve_metrics(cls: type[WorkerBase], port: int, host: str) -> None:
     from ..metrics import serve
 
     try:
-        serve(port, host=host, queue=cls.queue_model().__table__.name)
+        serve(port, host=host, queue=cls.queue_model().__table__.name, processes=cls.processes)
     except OSError as exc:
-        raise click.ClickException(
+        raise CommandError(
             f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc}"
         ) from exc
     logging.getLogger("sqla_queue.worker").info("metrics on http://%s:%d/metrics", host, port)
@@ -210,7 +215,7 @@ def print_ddl(schema: str, queue: str, **options: Any) -> None:
     try:
         click.echo(queue_ddl(schema, queue, **options), nl=False)
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
 
 
 @main.command()
@@ -236,8 +241,20 @@ def print_ddl(schema: str, queue: str, **options: Any) -> None:
     is_flag=True,
     help="also QUEUE_unique, the keys of unique tasks (a model with __queue_unique__)",
 )
+@click.option(
+    "--unique-process",
+    "unique_processes",
+    multiple=True,
+    help="a process the model declares unique: its live-key index too (implies --unique)",
+)
 def ddl(
-    schema: str, queue: str, dialect: str, subscribers: bool, config_table: bool, unique: bool
+    schema: str,
+    queue: str,
+    dialect: str,
+    subscribers: bool,
+    config_table: bool,
+    unique: bool,
+    unique_processes: tuple[str, ...],
 ) -> None:
     """Print the SQL that creates queue table SCHEMA.QUEUE.
 
@@ -252,6 +269,7 @@ def ddl(
         subscribers=subscribers,
         config_table=config_table,
         unique=unique,
+        unique_processes=unique_processes,
     )
 
 
@@ -286,14 +304,14 @@ def alembic_init(directory: str, template: str, metadata: str | None, config_fil
     sqla_queue.alembic (the queue operations and their autogenerate
     comparator). Then: alembic revision --autogenerate -m "queues".
     """
-    from alembic.util import CommandError
+    from alembic.util import CommandError as AlembicError
 
     from ..alembic import init
 
     try:
         init(directory, template, config_file=config_file, metadata=metadata)
-    except CommandError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except AlembicError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 @main.command()
@@ -307,12 +325,12 @@ def alembic_init(directory: str, template: str, metadata: str | None, config_fil
 )
 @click.option(
     "--notify-port",
-    type=click.IntRange(0, 65535),
+    type=Number(LISTEN_PORT),
     help="workers' wake-ups and task locks [default: NOTIFY_SERVICE_PORT, else 8770]",
 )
 @click.option(
     "--lock-port",
-    type=click.IntRange(0, 65535),
+    type=Number(LISTEN_PORT),
     help="maintenance routines' locks [default: LOCK_SERVICE_PORT, else 8970]",
 )
 @click.option(
@@ -347,5 +365,5 @@ def server(
             lock_port=lock_port,
         )
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     sys.exit(code)

@@ -4,7 +4,8 @@ Each takes the worker class (``module:Class``) whose queue it works on, and
 the database as ``sqla-queue worker`` does (``--url``, else
 ``SQLA_QUEUE_URL``, else the ``DB_*`` variables); its settings are the
 worker's (class, environment, ``queue_configuration``, defaults). Mistakes
-are one ``Error:`` line and exit status 1; a database error too.
+are one ``Error:`` line and exit status 1; a database error too. What they
+print from the database is escaped (checks.shown).
 """
 
 from __future__ import annotations
@@ -20,26 +21,15 @@ from sqlalchemy.exc import DBAPIError
 from ..catalog import SCHEMA_WIDE
 from ..exceptions import SqlaQueueError
 from ..maintenance import ROUTINES
+from ..ranges import REQUEUE_LIMIT, TASK_ID
 from ..redaction import describe_error
 from ..resolution import resolve, show
 from ..settings import Settings, normalize_url
+from .checks import CommandError, Number, Timestamp, shown
 from .loading import load_worker
 from .progress import progress_bar
 
 __all__ = ["config", "maintenance", "requeue"]
-
-
-class _Timestamp(click.ParamType):  # type: ignore[type-arg]
-    name = "timestamp"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> dt.datetime:
-        if isinstance(value, dt.datetime):
-            return value
-        try:
-            parsed = dt.datetime.fromisoformat(str(value))
-        except ValueError:
-            self.fail(f"{value!r} is not an ISO 8601 time (2026-01-31 or 2026-01-31T12:00)")
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
 
 
 @contextlib.contextmanager
@@ -56,9 +46,9 @@ def _app(worker: str, url: str | None) -> Iterator[Any]:
         app.check_table(wait_for_database=True)
         yield app
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     except DBAPIError as exc:
-        raise click.ClickException(f"database error: {describe_error(exc)}") from exc
+        raise CommandError(f"database error: {describe_error(exc)}") from exc
     finally:
         if app is not None:
             app.close()
@@ -82,25 +72,29 @@ def run(routine: str, worker: str, url: str | None, dry_run: bool) -> None:
     still enqueued once)."""
     with _app(worker, url) as app:
         if routine not in app.maintenance.routines:
-            raise click.ClickException(
+            raise CommandError(
                 f"{type(app.worker).__name__} has no {routine} routine "
                 "(periodic: the class declares no periodic tasks)"
             )
         with progress_bar(routine) as progress:
             result = app.maintenance.run_now(routine, dry_run=dry_run, progress=progress)
-    click.echo(result.describe())
+    click.echo(shown(result.describe()))
     if result.error:
-        raise click.ClickException(f"{routine} stopped: {result.error}")
+        raise CommandError(f"{routine} stopped: {result.error}")
 
 
 @click.command()
 @click.argument("worker")
-@click.option("--id", "ids", type=int, multiple=True, help="a dead-letter row's or its task's id")
+@click.option(
+    "--id", "ids", type=Number(TASK_ID), multiple=True, help="a dead-letter row's or its task's id"
+)
 @click.option("--process", help="dead tasks of this processo")
-@click.option("--since", type=_Timestamp(), help="went dead at or after (ISO 8601, UTC)")
-@click.option("--until", type=_Timestamp(), help="went dead before (ISO 8601, UTC)")
+@click.option("--since", type=Timestamp(), help="went dead at or after (ISO 8601, UTC)")
+@click.option("--until", type=Timestamp(), help="went dead before (ISO 8601, UTC)")
 @click.option("--all", "all_dead", is_flag=True, help="every dead task")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=10_000, show_default=True)
+@click.option(
+    "--limit", type=Number(REQUEUE_LIMIT), default=10_000, show_default=True, help="1 to 10,000"
+)
 @click.option("--url", help="SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]")
 @click.option("--dry-run", is_flag=True, help="list what would be requeued; change nothing")
 def requeue(
@@ -144,7 +138,9 @@ def requeue(
             transaction.commit()
     for item in done:
         target = "(dry run)" if item.new_id is None else f"-> new task {item.new_id}"
-        click.echo(f"dead-letter {item.dead_id} (task {item.live_id}, {item.process}) {target}")
+        click.echo(
+            f"dead-letter {item.dead_id} (task {item.live_id}, {shown(item.process)}) {target}"
+        )
     verb = "would requeue" if dry_run else "requeued"
     click.echo(f"{verb} {len(done)} dead task(s)")
 
@@ -187,8 +183,8 @@ def config_show(worker: str, url: str | None) -> None:
                 rows = app.configuration_rows
                 click.echo(f"queue_configuration: {_rows_applied(rows)}")
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise CommandError(str(exc)) from exc
     click.echo(f"{'setting':<34} {'value':<30} source")
     given = {} if url is None else {"url": normalize_url(url).render_as_string(hide_password=True)}
     for line in show(effective, settings, given=given):
-        click.echo(line)
+        click.echo(shown(line))  # values of the queue_configuration table among them

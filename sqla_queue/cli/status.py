@@ -5,7 +5,8 @@ and ``retry-now`` (acting on waiting tasks).
 and docs/operations.md) and renders them with rich; ``--json`` prints
 exactly one JSON object, ``--watch`` refreshes in place, ``--task ID``
 shows one chain as a timeline. Task messages are shown as text, never as
-markup.
+markup, their control characters escaped (checks.shown); ``--json`` is
+json.dumps' (every non-ASCII character escaped).
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..exceptions import SqlaQueueError
+from ..ranges import OLDER_THAN_SECONDS, TASK_ID, WATCH_SECONDS, WINDOW_SECONDS
+from .checks import Duration, Number, shown
 from .operations import _app
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
+    from rich.text import Text
 
     from ..inspect import QueueStatus, Timeline
 
@@ -34,27 +38,6 @@ __all__ = ["cancel", "dashboard", "pause", "resume", "retry_now", "status"]
 _URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
 
 
-class _Duration(click.ParamType):  # type: ignore[type-arg]
-    """``90``, ``90s``, ``15m``, ``2h``, ``7d``."""
-
-    name = "duration"
-    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> dt.timedelta:
-        if isinstance(value, dt.timedelta):
-            return value
-        text = str(value).strip().lower()
-        unit = text[-1:] if text[-1:] in self._UNITS else "s"
-        number = text[:-1] if text[-1:] in self._UNITS else text
-        try:
-            amount = float(number)
-        except ValueError:
-            self.fail(f"{value!r} is not a duration (90, 90s, 15m, 2h, 7d)")
-        if amount < 0 or amount != amount:
-            self.fail(f"{value!r} is not a duration (90, 90s, 15m, 2h, 7d)")
-        return dt.timedelta(seconds=amount * self._UNITS[unit])
-
-
 @click.command()
 @click.argument("worker")
 @click.option("--url", help=_URL_HELP)
@@ -62,15 +45,15 @@ class _Duration(click.ParamType):  # type: ignore[type-arg]
 @click.option("--watch", is_flag=True, help="refresh in place until Ctrl-C")
 @click.option(
     "--interval",
-    type=click.FloatRange(0.5, 3600),
+    type=Number(WATCH_SECONDS),
     default=2.0,
     show_default=True,
-    help="seconds between refreshes (--watch)",
+    help="seconds between refreshes (--watch), 0.5 to 3600",
 )
-@click.option("--task", "task_id", type=int, help="one task's chain as a timeline")
+@click.option("--task", "task_id", type=Number(TASK_ID), help="one task's chain as a timeline")
 @click.option(
     "--window",
-    type=_Duration(),
+    type=Duration(WINDOW_SECONDS),
     default="5m",
     show_default=True,
     help="throughput and failure rate over this long",
@@ -93,8 +76,6 @@ def status(
 
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
-    if window.total_seconds() <= 0:
-        raise click.UsageError("--window must be longer than 0 s")
     with _app(worker, url) as app:
         model = type(app.worker).queue_model()
         if task_id is not None:
@@ -145,24 +126,31 @@ def _watch(take: Callable[[], QueueStatus], interval: float) -> None:
 # ------------------------------------------------------------ rendering
 
 
+def _text(value: object, style: str = "", *, multiline: bool = False) -> Text:
+    """``value`` as a rich Text: never markup, its control characters
+    escaped (a table cell is one line; ``multiline`` keeps a traceback's)."""
+    from rich.text import Text
+
+    return Text(shown(value, multiline=multiline), style=style)
+
+
 def _render(status: QueueStatus) -> Group:
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
     from ..inspect import STATES
 
     parts: list[Any] = []
-    counts = Table(title=f"queue {status.queue}", title_justify="left")
+    counts = Table(title=_text(f"queue {status.queue}"), title_justify="left")
     counts.add_column("process", no_wrap=True)
     for state in STATES:
         counts.add_column(state, justify="right", no_wrap=True, min_width=len(state))
     for name, by in status.processes.items():
-        label = Text(name or "(none)")
+        label = _text(name or "(none)")
         if name in status.paused:
             label.append(" (paused)", style="bold yellow")
         counts.add_row(label, *(_n(getattr(by, s)) for s in STATES))
-    counts.add_row(Text("total", style="bold"), *(_n(getattr(status.totals, s)) for s in STATES))
+    counts.add_row(_text("total", "bold"), *(_n(getattr(status.totals, s)) for s in STATES))
     parts.append(counts)
     if status.tenants:
         tenants = Table(title="per tenant", title_justify="left")
@@ -170,13 +158,13 @@ def _render(status: QueueStatus) -> Group:
         for state in STATES:
             tenants.add_column(state, justify="right", no_wrap=True, min_width=len(state))
         for tenant, by in status.tenants.items():
-            tenants.add_row(Text(tenant), *(_n(getattr(by, s)) for s in STATES))
+            tenants.add_row(_text(tenant), *(_n(getattr(by, s)) for s in STATES))
         parts.append(tenants)
     t = status.throughput
     oldest = status.oldest_ready_seconds
     rate = "-" if t.failure_rate is None else f"{t.failure_rate:.1%}"
     parts.append(
-        Text(
+        _text(
             f"oldest ready task: {'none' if oldest is None else _age(oldest)}   "
             f"last {_age(t.window_seconds)}: {t.finished} attempts finished "
             f"({t.per_minute:.1f}/min), {t.failed} failed ({rate})"
@@ -191,9 +179,9 @@ def _render(status: QueueStatus) -> Group:
             running.add_row(
                 str(item.id),
                 str(item.chain_id),
-                Text(item.process or ""),
+                _text(item.process),
                 f"{item.attempt}{' (dead letter)' if item.dead else ''}",
-                Text(item.worker_id or "-"),
+                _text(item.worker_id or "-"),
                 "-" if item.running_seconds is None else _age(item.running_seconds),
                 lease,
             )
@@ -207,10 +195,10 @@ def _render(status: QueueStatus) -> Group:
             failures.add_row(
                 str(failure.id),
                 str(failure.chain_id),
-                Text(failure.process or ""),
+                _text(failure.process),
                 str(failure.attempt),
                 "-" if failure.finished_at is None else _time(failure.finished_at),
-                Text(failure.message or ""),
+                _text(failure.message),
             )
         parts.append(failures)
     if status.periodic:
@@ -219,11 +207,11 @@ def _render(status: QueueStatus) -> Group:
             periodic.add_column(column, no_wrap=True)
         for entry in status.periodic:
             periodic.add_row(
-                Text(entry["name"]),
-                Text(entry["schedule"]),
-                Text(entry["process"]),
-                entry["last_enqueued"] or "-",
-                entry["next_run"],
+                _text(entry["name"]),
+                _text(entry["schedule"]),
+                _text(entry["process"]),
+                _text(entry["last_enqueued"] or "-"),
+                _text(entry["next_run"]),
             )
         parts.append(periodic)
     if status.routine_locks:
@@ -233,10 +221,10 @@ def _render(status: QueueStatus) -> Group:
         for holder in status.routine_locks:
             silent = holder.silent_seconds
             locks.add_row(
-                holder.routine,
-                Text(holder.worker or "-"),
+                _text(holder.routine),
+                _text(holder.worker or "-"),
                 str(holder.session),
-                Text(holder.client or "-"),
+                _text(holder.client or "-"),
                 "-" if holder.connected_at is None else _time(holder.connected_at),
                 "-" if silent is None else _age(silent),
             )
@@ -245,25 +233,28 @@ def _render(status: QueueStatus) -> Group:
         h = status.health.table
         held = "none" if h.horizon_seconds is None else _age(h.horizon_seconds)
         parts.append(
-            Text(
+            _text(
                 f"table: {_mb(h.table_bytes)} + indexes {_mb(h.index_bytes)}, "
                 f"{h.dead_tuples:,} dead row versions, {h.live_tuples:,} live; "
                 f"oldest snapshot held for {held}"
             )
         )
         if status.health.warning:
-            parts.append(Text(f"warning: {status.health.warning}", style="bold yellow"))
+            # it names the session that holds the horizon: its application_name
+            parts.append(_text(f"warning: {status.health.warning}", "bold yellow"))
     return Group(*parts)
 
 
 def _render_timeline(timeline: Timeline) -> Group:
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
+    key = "" if timeline.external_key is None else f", chave_externa {timeline.external_key}"
     table = Table(
-        title=f"task {timeline.task_id}: chain {timeline.chain_id} ({timeline.process}), "
-        f"{timeline.state}",
+        title=_text(
+            f"task {timeline.task_id}: chain {timeline.chain_id} ({timeline.process}{key}), "
+            f"{timeline.state}"
+        ),
         title_justify="left",
     )
     for column in ("kind", "id", "attempt", "status", "run at", "took", "worker"):
@@ -277,22 +268,25 @@ def _render_timeline(timeline: Timeline) -> Group:
         if row.subscriber_id:
             kind = f"{kind} ({row.subscriber_id})"
         table.add_row(
-            Text(kind),
+            _text(kind),
             str(row.id),
             str(row.attempt),
-            Text(row.status or ""),
+            _text(row.status),
             "-" if row.run_at is None else _time(row.run_at),
             took,
-            Text(row.worker_id or "-"),
-            Text(row.message or ""),
+            _text(row.worker_id or "-"),
+            _text(row.message),
         )
     parts: list[Any] = [table]
     for row in timeline.rows:
         if row.traceback:
             parts.append(
-                Text(f"\nattempt {row.id} ({row.kind} {row.attempt}) failed:", style="bold")
+                _text(
+                    f"\nattempt {row.id} ({row.kind} {row.attempt}) failed:", "bold", multiline=True
+                )
             )
-            parts.append(Text(row.traceback))
+            # a traceback is lines by design: its newlines stay
+            parts.append(_text(row.traceback, multiline=True))
     return Group(*parts)
 
 
@@ -319,11 +313,13 @@ def _age(seconds: float) -> str:
 
 @click.command()
 @click.argument("worker")
-@click.option("--task", "task_ids", type=int, multiple=True, help="a task's id (repeatable)")
+@click.option(
+    "--task", "task_ids", type=Number(TASK_ID), multiple=True, help="a task's id (repeatable)"
+)
 @click.option("--process", help="every waiting task of this processo")
 @click.option(
     "--older-than",
-    type=_Duration(),
+    type=Duration(OLDER_THAN_SECONDS),
     help="with --process: only tasks whose first attempt is older (90s, 15m, 2h, 7d)",
 )
 @click.option("--url", help=_URL_HELP)
@@ -352,7 +348,7 @@ def cancel(
                     with conn.begin():
                         done = cancel_task(conn, app.adapter, task_id)
                 except SqlaQueueError as exc:
-                    click.echo(f"Error: {exc}", err=True)
+                    click.echo(f"Error: {shown(exc)}", err=True)
                     refused += 1
                     continue
                 click.echo(f"task {task_id}: cancelled (attempt {', '.join(map(str, done.ids))})")
@@ -367,14 +363,14 @@ def cancel(
                 total += done.count
                 if len(done.ids) < CANCEL_CHUNK:
                     break
-            click.echo(f"cancelled {total} waiting task(s) of {process}")
+            click.echo(f"cancelled {total} waiting task(s) of {shown(process)}")
     if refused:
         raise SystemExit(1)
 
 
 @click.command("retry-now")
 @click.argument("worker")
-@click.option("--task", "task_id", type=int, required=True, help="the task's id")
+@click.option("--task", "task_id", type=Number(TASK_ID), required=True, help="the task's id")
 @click.option("--url", help=_URL_HELP)
 def retry_now(worker: str, task_id: int, url: str | None) -> None:
     """Run a scheduled task of WORKER's queue now: a retry waiting out its
@@ -391,15 +387,44 @@ def retry_now(worker: str, task_id: int, url: str | None) -> None:
 @click.option("--url", help=_URL_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
 @click.option("--port", type=click.IntRange(1, 65535), default=8780, show_default=True)
-def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
+@click.option(
+    "--read-only",
+    is_flag=True,
+    default=None,
+    help="reads need no login, every write is refused [default: SQLA_QUEUE_DASHBOARD_READ_ONLY]",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="a Host header name accepted besides the bind address, localhost, 127.0.0.1 "
+    "and [::1] (repeatable; also SQLA_QUEUE_DASHBOARD_ALLOWED_HOSTS, comma-separated)",
+)
+@click.option(
+    "--behind-tls-proxy",
+    is_flag=True,
+    default=None,
+    help="a TLS proxy is in front: Secure cookie, X-Forwarded-* trusted from "
+    "FORWARDED_ALLOW_IPS [default: SQLA_QUEUE_DASHBOARD_BEHIND_TLS]",
+)
+def dashboard(
+    worker: str,
+    url: str | None,
+    host: str,
+    port: int,
+    read_only: bool | None,
+    allowed_hosts: tuple[str, ...],
+    behind_tls_proxy: bool | None,
+) -> None:
     """Serve the web dashboard of WORKER's queue (sqla-queue[dashboard]):
     counts, throughput, running tasks, timelines, the dead letter,
-    subscriptions. Reads need no login. Requeue, cancel and retry need
-    SQLA_QUEUE_DASHBOARD_PASSWORD (user: admin, or
-    SQLA_QUEUE_DASHBOARD_USER); without it the dashboard is read-only.
-    SQLA_QUEUE_DASHBOARD_SECRET signs the session cookie (default: random
-    per start)."""
+    subscriptions. Every page needs a login with SQLA_QUEUE_DASHBOARD_PASSWORD
+    (user: admin, or SQLA_QUEUE_DASHBOARD_USER); with --read-only reads need
+    no login and every write is refused. Without a password and without
+    --read-only it does not start."""
     import os
+
+    from ..catalog import Flag
 
     try:
         import uvicorn
@@ -409,11 +434,24 @@ def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
         raise click.ClickException(
             f"the dashboard needs its extra: pip install 'sqla-queue[dashboard]' ({exc.name})"
         ) from None
-    config = DashboardConfig(
-        user=os.environ.get("SQLA_QUEUE_DASHBOARD_USER") or "admin",
-        password=os.environ.get("SQLA_QUEUE_DASHBOARD_PASSWORD") or None,
-        secret_key=os.environ.get("SQLA_QUEUE_DASHBOARD_SECRET") or None,
-    )
+    listed = os.environ.get("SQLA_QUEUE_DASHBOARD_ALLOWED_HOSTS") or ""
+    try:
+        if read_only is None:
+            raw = os.environ.get("SQLA_QUEUE_DASHBOARD_READ_ONLY") or "false"
+            read_only = bool(Flag().parse("SQLA_QUEUE_DASHBOARD_READ_ONLY", raw))
+        if behind_tls_proxy is None:
+            raw = os.environ.get("SQLA_QUEUE_DASHBOARD_BEHIND_TLS") or "false"
+            behind_tls_proxy = bool(Flag().parse("SQLA_QUEUE_DASHBOARD_BEHIND_TLS", raw))
+        config = DashboardConfig(
+            user=os.environ.get("SQLA_QUEUE_DASHBOARD_USER") or "admin",
+            password=os.environ.get("SQLA_QUEUE_DASHBOARD_PASSWORD") or None,
+            read_only=read_only,
+            allowed_hosts=(host, *allowed_hosts, *(h for h in listed.split(",") if h.strip())),
+            behind_tls_proxy=behind_tls_proxy,
+        )
+        config.check()  # before the database is touched
+    except SqlaQueueError as exc:
+        raise click.ClickException(str(exc)) from None
     with _app(worker, url) as app:
         cls = type(app.worker)
         web = create_app(
@@ -423,11 +461,11 @@ def dashboard(worker: str, url: str | None, host: str, port: int) -> None:
             config=config,
             periodic=cls.periodic,
         )
-        mode = (
-            "read and write" if config.password else "read-only (no SQLA_QUEUE_DASHBOARD_PASSWORD)"
-        )
-        click.echo(f"dashboard of {app.adapter.qualified_name} on http://{host}:{port}/ ({mode})")
-        uvicorn.run(web, host=host, port=port, log_level="warning")
+        mode = "read-only, no login" if config.read_only else "login required"
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"dashboard of {app.adapter.qualified_name} on http://{shown}:{port}/ ({mode})")
+        # X-Forwarded-For and -Proto are trusted only from a proxy said to be there
+        uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=behind_tls_proxy)
 
 
 @click.command()
@@ -446,7 +484,7 @@ def pause(worker: str, processes: tuple[str, ...], url: str | None) -> None:
     with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
         paused = pause_processes(conn, type(app.worker).queue_model(), processes)
     click.echo(
-        f"paused: {', '.join(sorted(paused))} "
+        f"paused: {shown(', '.join(sorted(paused)))} "
         f"(workers stop claiming them within {PAUSE_CHECK_SECONDS:.0f} s)"
     )
 
@@ -468,6 +506,6 @@ def resume(worker: str, processes: tuple[str, ...], every: bool, url: str | None
         names = paused_processes(conn, model) if every else frozenset(processes)
         still = resume_processes(conn, model, names)
     click.echo(
-        f"resumed: {', '.join(sorted(names)) or 'nothing'}; still paused: "
-        f"{', '.join(sorted(still)) or 'none'}"
+        f"resumed: {shown(', '.join(sorted(names))) or 'nothing'}; still paused: "
+        f"{shown(', '.join(sorted(still))) or 'none'}"
     )

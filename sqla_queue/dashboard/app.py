@@ -1,36 +1,49 @@
 """The web dashboard: Starlette (small, well kept, the ASGI toolkit FastAPI
 is built on) served by uvicorn, pages from Jinja2 with autoescape on.
 
-Reads need no login; the server binds to 127.0.0.1 unless told otherwise.
-Writes (requeue, cancel, retry now) need a login with the configured
-credential (``SQLA_QUEUE_DASHBOARD_PASSWORD``, user ``admin`` or
-``SQLA_QUEUE_DASHBOARD_USER``); with none configured there is no default
-password and every write is refused with 403. Each write carries the
-session's CSRF token (a form field, or the ``X-CSRF-Token`` header); the
-session cookie is signed, HttpOnly and SameSite=Strict. Every response
-says ``Content-Security-Policy: default-src 'none'`` plus this app's own
-script and stylesheet, and task messages are escaped.
+Every page and API call needs a login with the configured credential
+(``SQLA_QUEUE_DASHBOARD_PASSWORD``, user ``admin`` or
+``SQLA_QUEUE_DASHBOARD_USER``): a page sends a visitor who has not logged in
+to ``/login``, an API call answers 401. In read-only mode
+(``DashboardConfig.read_only``, ``--read-only``) reads need no login and
+every write is refused with 403; without a password and without read-only
+mode :func:`create_app` refuses to build the app. Sessions are kept on the
+server (:mod:`.auth`): the cookie holds a random id only, is HttpOnly,
+SameSite=Strict, and Secure under TLS or behind a TLS proxy; a logout
+deletes the session; failed logins are throttled. Each write carries the
+session's CSRF token (a form field, or the ``X-CSRF-Token`` header). A
+request whose ``Host`` header is not on the allow-list gets 400 (DNS
+rebinding). Every response says ``Content-Security-Policy: default-src
+'none'`` plus this app's own script and stylesheet; task text is escaped
+(markup as text, control and bidi characters as ``\\x1b``, ``\\u202e``);
+webhook URLs are shown as ``sqla-queue status`` shows them (path and query
+masked).
 """
 
 from __future__ import annotations
 
 import hmac
-import secrets
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+import ipaddress
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
+from html import escape
 from typing import Any
 
 from jinja2 import DictLoader, Environment, select_autoescape
+from markupsafe import Markup
 from sqlalchemy import Engine, select
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ..client import QueueClient, resolve_table
-from ..exceptions import SqlaQueueError, TaskNotFoundError
+from ..exceptions import ConfigurationError, SqlaQueueError, TaskNotFoundError
 from ..inspect import (
     STATES,
     dead_letter,
@@ -40,9 +53,18 @@ from ..inspect import (
     task_timeline,
 )
 from ..pause import pause, resume
+from ..ranges import TASK_ID
+from ..redaction import escape_controls
+from ..webhook_guard import show_url
 from .assets import CSS, JS, TEMPLATES
+from .auth import DashboardSession, LoginThrottle, SessionStore
 
-__all__ = ["DashboardConfig", "create_app"]
+__all__ = ["COOKIE", "LOCAL_HOSTS", "DashboardConfig", "allowed_hosts", "create_app"]
+
+#: the session cookie's name
+COOKIE = "sqla_queue_dashboard"
+#: the Host header names always accepted (with any port)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 _SECURITY_HEADERS = [
     (
@@ -64,22 +86,45 @@ _NOTICES = {
     "logged-out": "Logged out.",
 }
 _READ_ONLY = (
-    "writes are disabled: set SQLA_QUEUE_DASHBOARD_PASSWORD (and restart the dashboard) "
-    "to requeue, cancel and retry from here"
+    "this dashboard is read-only (--read-only, SQLA_QUEUE_DASHBOARD_READ_ONLY): "
+    "requeue, cancel, retry and pause are refused"
 )
+_NO_PASSWORD = (
+    "the dashboard needs SQLA_QUEUE_DASHBOARD_PASSWORD (every page then needs a login), "
+    "or --read-only (SQLA_QUEUE_DASHBOARD_READ_ONLY=true: no login, no writes)"
+)
+_BAD_CSRF = "CSRF token missing or wrong (reload the page)"
 
 
 @dataclass(frozen=True)
 class DashboardConfig:
-    """``password``: the credential writes need (None: no writes);
-    ``secret_key``: signs the session cookie (a random one per process by
-    default: a restart logs everyone out)."""
+    """What the dashboard shows, and to whom.
+
+    ``password``: the credential (user ``user``) every page, API call and
+    write needs. ``read_only``: reads need no login and every write is
+    refused; without it ``password`` is required. ``allowed_hosts``: the
+    ``Host`` header names accepted besides :data:`LOCAL_HOSTS`, with any
+    port (``*.example.com`` for its subdomains, ``*`` for any). ``behind_tls_proxy``:
+    the session cookie is Secure on plain HTTP too (a proxy in front speaks
+    TLS); it is Secure anyway when the request came over HTTPS.
+    ``secret_key``: obsolete, accepted and ignored (sessions are kept on
+    the server; nothing is signed)."""
 
     user: str = "admin"
     password: str | None = None
     secret_key: str | None = None
     root: str = ""
     window_seconds: float = 300.0
+    read_only: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    behind_tls_proxy: bool = False
+
+    def check(self) -> None:
+        """Raises ConfigurationError without a password unless read-only,
+        and for a bad allowed host."""
+        if not self.password and not self.read_only:
+            raise ConfigurationError(_NO_PASSWORD)
+        allowed_hosts(self.allowed_hosts)
 
 
 def create_app(
@@ -89,33 +134,76 @@ def create_app(
     subscriber_model: Any = None,
     config: DashboardConfig | None = None,
     periodic: Sequence[Any] = (),
+    clock: Callable[[], float] = time.monotonic,
 ) -> Starlette:
-    """The dashboard of ``model``'s queue table on ``engine``."""
+    """The dashboard of ``model``'s queue table on ``engine``. ``clock``
+    (seconds) times sessions and login lockouts. Raises ConfigurationError
+    as :meth:`DashboardConfig.check` does."""
     config = config or DashboardConfig()
+    config.check()
+    hosts = allowed_hosts(config.allowed_hosts)
     table = resolve_table(model)
     # the model, when given one: it names its configuration table
     queue: Any = model if isinstance(model, type) else table
-    env = Environment(loader=DictLoader(TEMPLATES), autoescape=select_autoescape(default=True))
+    env = Environment(
+        loader=DictLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True),
+        finalize=_visible,
+    )
     env.globals.update(
         when=lambda at: "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
         age=describe_age,
         mb=lambda n: f"{n / 1048576:.1f} MB",
         states=STATES,
     )
-    writes = config.password is not None
+    sessions = SessionStore(clock)
+    throttle = LoginThrottle(clock)
+
+    def logged_in(request: Request) -> DashboardSession | None:
+        session = sessions.get(request.cookies.get(COOKIE))
+        return session if session is not None and session.user is not None else None
 
     def page(request: Request, name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+        session: DashboardSession | None = getattr(request.state, "session", None)
+        user = session.user if session is not None else None
         html = env.get_template(name).render(
             queue=table.name,
             root=config.root,
-            user=request.session.get("user"),
-            csrf=_csrf(request),
-            writes_enabled=writes,
-            can_write=writes and bool(request.session.get("user")),
+            user=user,
+            csrf=session.csrf if session is not None else "",
+            read_only=config.read_only,
+            can_write=not config.read_only and user is not None,
             notice=_NOTICES.get(request.query_params.get("done", "")),
             **values,
         )
         return HTMLResponse(html, status_code=status_code)
+
+    def reader(
+        handler: Callable[[Request], Response], *, api: bool = False
+    ) -> Callable[[Request], Response]:
+        """``handler`` behind the login (unless read-only)."""
+
+        def guarded(request: Request) -> Response:
+            session = logged_in(request)
+            if session is None and not config.read_only:
+                if api:
+                    return JSONResponse({"error": "log in first"}, status_code=401)
+                return RedirectResponse(f"{config.root}/login", status_code=303)
+            request.state.session = session
+            return handler(request)
+
+        return guarded
+
+    def set_cookie(request: Request, response: Response, session: DashboardSession) -> None:
+        response.set_cookie(
+            COOKIE,
+            session.id,
+            max_age=int(session.expires - session.created),
+            path="/",
+            secure=_secure(request, config),
+            httponly=True,
+            samesite="strict",
+        )
 
     def overview(request: Request) -> Response:
         status = queue_status(
@@ -133,7 +221,9 @@ def create_app(
         )
 
     def task(request: Request) -> Response:
-        task_id = request.path_params["task_id"]
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return page(request, "error.html", 404, error=_no_task(request))
         try:
             timeline = task_timeline(engine, table, task_id)
         except TaskNotFoundError as exc:
@@ -147,11 +237,17 @@ def create_app(
         rows: list[dict[str, Any]] | None = None
         if subscriber_model is not None:
             c = subscriber_model.__table__.c
-            # never the headers or the signing secret
+            # never the headers or the signing secret; the URL's path and
+            # query (which may hold keys) masked
             columns = (c.id, c.processo, c.ativo, c.url)
             with engine.connect() as conn:
                 rows = [
-                    {"id": r[0], "process": r[1], "active": r[2], "url": r[3]}
+                    {
+                        "id": r[0],
+                        "process": r[1],
+                        "active": r[2],
+                        "url": show_url(r[3]) if r[3] else None,
+                    }
                     for r in conn.execute(select(*columns).order_by(c.processo, c.id))
                 ]
         return page(
@@ -168,18 +264,40 @@ def create_app(
         return JSONResponse(status.as_json())
 
     def api_task(request: Request) -> Response:
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return JSONResponse({"error": _no_task(request)}, status_code=404)
         try:
-            timeline = task_timeline(engine, table, request.path_params["task_id"])
+            timeline = task_timeline(engine, table, task_id)
         except TaskNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
         return JSONResponse(timeline.as_json())
 
+    async def refuse_write(request: Request) -> Response | None:
+        """Why a write is refused (read-only, no login, a bad CSRF token), or None."""
+        if config.read_only:
+            return _answer(request, 403, _READ_ONLY)
+        session = logged_in(request)
+        if session is None:
+            return _answer(request, 401, "log in to act on tasks")
+        given = request.headers.get("x-csrf-token")
+        if given is None:
+            form = await request.form()
+            given = form.get("csrf")  # type: ignore[assignment]
+        if not _same(given, session.csrf):
+            return _answer(request, 403, _BAD_CSRF)
+        return None
+
     async def act(request: Request) -> Response:
-        task_id = request.path_params["task_id"]
-        action = request.path_params["action"]
-        refused = await _refuse_write(request, writes)
+        refused = await refuse_write(request)
         if refused is not None:
             return refused
+        action = request.path_params["action"]
+        if action not in ("requeue", "cancel", "retry-now"):
+            return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return _answer(request, 404, _no_task(request))
         try:
             with engine.connect() as conn, conn.begin():
                 client = QueueClient(conn, table)
@@ -205,12 +323,12 @@ def create_app(
         return RedirectResponse(f"{config.root}/tasks/{shown}?done={action}", status_code=303)
 
     async def pausing(request: Request) -> Response:
+        refused = await refuse_write(request)
+        if refused is not None:
+            return refused
         action = request.path_params["action"]
         if action not in ("pause", "resume"):
             return _answer(request, 404, "no such action (pause, resume)")
-        refused = await _refuse_write(request, writes, check_action=False)
-        if refused is not None:
-            return refused
         form = await request.form()
         process = form.get("process")
         if not isinstance(process, str) or not process:
@@ -226,33 +344,63 @@ def create_app(
         return RedirectResponse(f"{config.root}/?done={action}", status_code=303)
 
     def login_page(request: Request) -> Response:
-        if not writes:
+        if config.read_only:
             return page(request, "error.html", 403, error=_READ_ONLY)
-        return page(request, "login.html", error=None)
+        session = sessions.get(request.cookies.get(COOKIE))
+        fresh = session is None
+        if session is None:
+            # anonymous: it carries the login form's CSRF token only
+            session = sessions.start(None)
+        request.state.session = session
+        response = page(request, "login.html", error=None)
+        if fresh:
+            set_cookie(request, response, session)
+        return response
 
     async def login(request: Request) -> Response:
-        if not writes:
+        if config.read_only:
             return page(request, "error.html", 403, error=_READ_ONLY)
         form = await request.form()
-        if not _csrf_ok(request, form.get("csrf")):
-            return page(request, "error.html", 403, error="CSRF token missing or wrong")
-        user, password = str(form.get("username", "")), str(form.get("password", ""))
+        before = request.cookies.get(COOKIE)
+        session = sessions.get(before)
+        request.state.session = session
+        if session is None or not _same(form.get("csrf"), session.csrf):
+            return page(request, "error.html", 403, error=_BAD_CSRF)
         assert config.password is not None
+        user, password = str(form.get("username", "")), str(form.get("password", ""))
         good_user = hmac.compare_digest(user.encode(), config.user.encode())
         good_password = hmac.compare_digest(password.encode(), config.password.encode())
-        if not (good_user and good_password):
+        verdict = throttle.attempt(_client(request), good_user and good_password)
+        if verdict.throttled:
+            wait = math.ceil(verdict.retry_after_seconds)
+            refused = page(
+                request,
+                "login.html",
+                429,
+                error=f"too many failed logins: try again in {wait} s",
+            )
+            refused.headers["Retry-After"] = str(wait)
+            return refused
+        if not verdict.ok:
             return page(request, "login.html", 401, error="wrong user or password")
-        request.session.clear()
-        request.session["user"] = config.user
-        request.session["csrf"] = secrets.token_urlsafe(32)
-        return RedirectResponse(f"{config.root}/?done=logged-in", status_code=303)
+        sessions.end(before)
+        response = RedirectResponse(f"{config.root}/?done=logged-in", status_code=303)
+        set_cookie(request, response, sessions.start(config.user))
+        return response
 
     async def logout(request: Request) -> Response:
         form = await request.form()
-        if not _csrf_ok(request, form.get("csrf")):
-            return page(request, "error.html", 403, error="CSRF token missing or wrong")
-        request.session.clear()
-        return RedirectResponse(f"{config.root}/?done=logged-out", status_code=303)
+        before = request.cookies.get(COOKIE)
+        session = sessions.get(before)
+        request.state.session = session
+        if session is None or not _same(form.get("csrf"), session.csrf):
+            return page(request, "error.html", 403, error=_BAD_CSRF)
+        sessions.end(before)
+        response = RedirectResponse(f"{config.root}/login?done=logged-out", status_code=303)
+        response.delete_cookie(
+            COOKIE, path="/", secure=_secure(request, config), httponly=True, samesite="strict"
+        )
+        return response
 
     def css(request: Request) -> Response:
         return Response(CSS, media_type="text/css")
@@ -261,39 +409,105 @@ def create_app(
         return Response(JS, media_type="text/javascript")
 
     routes = [
-        Route("/", overview),
-        Route("/tasks/{task_id:int}", task),
-        Route("/dead", dead),
-        Route("/subscriptions", subscriptions),
+        Route("/", reader(overview)),
+        Route("/tasks/{task_id}", reader(task)),
+        Route("/dead", reader(dead)),
+        Route("/subscriptions", reader(subscriptions)),
         Route("/login", login_page, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
-        Route("/api/status", api_status),
-        Route("/api/tasks/{task_id:int}", api_task),
-        Route(
-            "/api/tasks/{task_id:int}/{action:str}",
-            act,
-            methods=["POST"],
-        ),
-        Route("/api/processes/{action:str}", pausing, methods=["POST"]),
+        Route("/api/status", reader(api_status, api=True)),
+        Route("/api/tasks/{task_id}", reader(api_task, api=True)),
+        Route("/api/tasks/{task_id}/{action}", act, methods=["POST"]),
+        Route("/api/processes/{action}", pausing, methods=["POST"]),
         Route("/static/app.css", css),
         Route("/static/app.js", js),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
     ]
-    app = Starlette(
+    return Starlette(
         routes=routes,
         middleware=[
             Middleware(_SecurityHeaders),
-            Middleware(
-                SessionMiddleware,
-                secret_key=config.secret_key or secrets.token_hex(32),
-                session_cookie="sqla_queue_dashboard",
-                same_site="strict",
-                max_age=8 * 3600,
-            ),
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
         ],
     )
-    return app
+
+
+def allowed_hosts(extra: Iterable[str]) -> list[str]:
+    """:data:`LOCAL_HOSTS` and the ``extra`` names, as the ``Host`` check
+    compares them (lower case, no port, IPv6 in brackets). A bad name is a
+    ConfigurationError."""
+    hosts = list(LOCAL_HOSTS)
+    for text in extra:
+        host = _host_name(text)
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def _host_name(text: str) -> str:
+    value = text.strip().lower()
+    bad = ConfigurationError(
+        f"allowed host {text!r} is not a host name: give a name (dash.example.com), "
+        "*.example.com, an IP address or *"
+    )
+    if not value or any(c.isspace() or c in "/@?#\\," for c in value):
+        raise bad
+    if value.startswith("["):  # [::1] or [::1]:8780
+        inside, closed, port = value[1:].partition("]")
+        if not closed or (port and not re.fullmatch(r":\d{1,5}", port)):
+            raise bad
+        value = inside
+    elif "[" in value or "]" in value:
+        raise bad
+    elif value.count(":") == 1:  # name:port
+        value, _, port = value.partition(":")
+        if not port.isdigit():
+            raise bad
+    if ":" in value:
+        try:
+            return f"[{ipaddress.IPv6Address(value)}]"
+        except ValueError:
+            raise bad from None
+    if value != "*" and ("*" in value[1:] or (value.startswith("*") and value[:2] != "*.")):
+        raise bad
+    return value
+
+
+def _secure(request: Request, config: DashboardConfig) -> bool:
+    return config.behind_tls_proxy or request.url.scheme == "https"
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def _task_id(text: str) -> int | None:
+    """The task id in a path; None for one no task can have (beyond BIGINT,
+    0, not a number): those answer 404 without a query, on every database."""
+    if not text.isascii() or not text.isdigit() or len(text) > 25:
+        return None
+    task_id = int(text)
+    return task_id if TASK_ID.contains(task_id) else None
+
+
+def _no_task(request: Request) -> str:
+    text = str(request.path_params["task_id"])
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    return f"no task {shown}: a task id is {TASK_ID.describe()}"
+
+
+def _same(given: Any, expected: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _visible(value: Any) -> Any:
+    """Text with its control and bidi characters as visible escapes
+    (``\\x1b``, ``\\u202e``; newlines kept): the finalize step of every
+    ``{{ }}`` of the pages."""
+    if not isinstance(value, str) or isinstance(value, Markup) or value.isprintable():
+        return value
+    return escape_controls(value, multiline=True)
 
 
 class _Conflict(Exception):
@@ -326,53 +540,18 @@ def _actions_for(timeline: Any) -> list[tuple[str, str]]:
     return actions
 
 
-def _csrf(request: Request) -> str:
-    token = request.session.get("csrf")
-    if not token:
-        token = request.session["csrf"] = secrets.token_urlsafe(32)
-    return str(token)
-
-
-def _csrf_ok(request: Request, given: Any) -> bool:
-    expected = request.session.get("csrf")
-    return (
-        isinstance(given, str)
-        and isinstance(expected, str)
-        and hmac.compare_digest(given.encode(), expected.encode())
-    )
-
-
 def _wants_json(request: Request) -> bool:
     return "x-csrf-token" in request.headers or "application/json" in request.headers.get(
         "accept", ""
     )
 
 
-async def _refuse_write(
-    request: Request, writes: bool, *, check_action: bool = True
-) -> Response | None:
-    if check_action and request.path_params["action"] not in ("requeue", "cancel", "retry-now"):
-        return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
-    if not writes:
-        return _answer(request, 403, _READ_ONLY)
-    if not request.session.get("user"):
-        return _answer(request, 401, "log in to act on tasks")
-    given = request.headers.get("x-csrf-token")
-    if given is None:
-        form = await request.form()
-        given = form.get("csrf")  # type: ignore[assignment]
-    if not _csrf_ok(request, given):
-        return _answer(request, 403, "CSRF token missing or wrong")
-    return None
-
-
 def _answer(request: Request, code: int, message: str) -> Response:
     if _wants_json(request):
         return JSONResponse({"error": message}, status_code=code)
-    # the text is escaped: it may name a task's state, never markup
-    from html import escape
-
-    return HTMLResponse(f'<p class="warn" id="error">{escape(message)}</p>', status_code=code)
+    # the text is escaped: it may name a task or a process, never markup
+    shown = escape(_visible(message))
+    return HTMLResponse(f'<p class="warn" id="error">{shown}</p>', status_code=code)
 
 
 Scope = MutableMapping[str, Any]

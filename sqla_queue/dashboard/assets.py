@@ -25,13 +25,13 @@ TEMPLATES = {
     <a href="{{ root }}/subscriptions">Subscriptions</a>
   </nav>
   <span class="who">
-  {% if not writes_enabled %}
-    <span class="ro" id="read-only">read-only: set SQLA_QUEUE_DASHBOARD_PASSWORD to enable requeue, cancel and retry</span>
+  {% if read_only %}
+    <span class="ro" id="read-only">read-only: requeue, cancel, retry and pause are off</span>
   {% elif user %}
     {{ user }} <form method="post" action="{{ root }}/logout" class="inline">
       <input type="hidden" name="csrf" value="{{ csrf }}"><button id="logout">Log out</button></form>
   {% else %}
-    <a href="{{ root }}/login" id="login-link">Log in</a> to act on tasks
+    <a href="{{ root }}/login" id="login-link">Log in</a>
   {% endif %}
   </span>
 </header>
@@ -238,6 +238,18 @@ JS = """
   if (!chart) { return; }
   var root = document.querySelector("link[rel=stylesheet]").getAttribute("href").replace(/\\/static\\/app\\.css$/, "");
   var ns = "http://www.w3.org/2000/svg", finished = [], failed = [], MAX = 60;
+  // control and bidi characters as visible escapes, as the pages show them
+  // (sqla_queue.redaction.escape_controls)
+  var HIDDEN = /[\\p{Cc}\\p{Cf}\\p{Cs}\\p{Zl}\\p{Zp}]/gu;
+  function visible(text) {
+    return String(text).replace(HIDDEN, function (c) {
+      if (c === "\\n" || c === "\\u200c" || c === "\\u200d") { return c; }
+      var n = c.codePointAt(0), hex = n.toString(16);
+      if (n < 0x100) { return "\\\\x" + ("0" + hex).slice(-2); }
+      if (n < 0x10000) { return "\\\\u" + ("000" + hex).slice(-4); }
+      return "\\\\U" + ("0000000" + hex).slice(-8);
+    });
+  }
   function line(values, cls, top) {
     var points = values.map(function (v, i) {
       var x = 10 + i * (700 / (MAX - 1)), y = 150 - (top ? v / top * 140 : 0);
@@ -270,7 +282,7 @@ JS = """
     function row(name, counts, cls) {
       var tr = document.createElement("tr");
       if (cls) { tr.className = cls; }
-      var td = document.createElement("td"); td.textContent = name; tr.appendChild(td);
+      var td = document.createElement("td"); td.textContent = visible(name); tr.appendChild(td);
       states.forEach(function (s) {
         var n = document.createElement("td"); n.className = "n"; n.textContent = String(counts[s]); tr.appendChild(n);
       });

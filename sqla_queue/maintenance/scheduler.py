@@ -8,7 +8,10 @@ begins**. The others, trying for this slot a moment later (their clocks
 differ a little), find it taken and skip it. So with a lock that is
 exclusive, a routine runs once per slot however many workers race for it;
 a worker that dies frees the lock with its connection, and the next slot
-is run by another. A worker does not run the slot in progress when it
+is run by another. A lock that says ``held_between_runs = False`` (the
+lease of a transaction-pooled PostgreSQL: adapters/locks.py) is given back
+right after the run instead, and a slot may then rarely run twice, which
+every routine survives. A worker does not run the slot in progress when it
 starts (a minute list means those minutes); the runner's start-up rescue is
 apart from this.
 
@@ -158,6 +161,11 @@ class Maintenance:
             logger.warning("routine lock %s not taken: %s", routine.name, describe_error(exc))
         if holding:
             self._run(routine, slot)
+            if not getattr(self.lock, "held_between_runs", True):
+                # a lock that pins a pooled connection while held: given
+                # back at once (the routines survive a second run of a slot)
+                self._release(routine.name)
+                holding = False
         with self._changed:
             self._considered[routine.name] = slot
             self._changed.notify_all()

@@ -484,6 +484,7 @@ class QueueApp:
                 with self.engine.connect() as conn:
                     exists = inspect(conn).has_table(table.name, schema=table.schema)
                     missing = self.adapter.missing_columns(conn) if exists else []
+                    proxied = self.adapter.proxied(conn)
                 break
             except DBAPIError as exc:
                 kind = self.adapter.classify(exc)
@@ -508,6 +509,14 @@ class QueueApp:
                 f"the queue table {self.adapter.qualified_name} in {where} lacks "
                 f"sqla-queue's column(s) {', '.join(missing)} (a table made by "
                 "nsj-queue-lib?): add them as docs/lifecycle.md#leases shows"
+            )
+        if proxied and self.adapter.task_locks:
+            logger.warning(
+                "%s is reached through a pooler or proxy (the server sees another client "
+                "socket): the worker makes no session setting through it, but its per-task "
+                "and routine locks are session locks; behind a transaction-pooling PgBouncer "
+                "set SQLA_QUEUE_TASK_LOCKS=false (docs/pgbouncer.md)",
+                where,
             )
 
     def _routine_ran(self, run: SlotRun) -> None:

@@ -57,7 +57,7 @@ from sqlalchemy.exc import (
     ResourceClosedError,
     SQLAlchemyError,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, configure_mappers
 
 from ..adapters import ErrorKind
 from ..batching import Gate, Lane, ThreadGate
@@ -255,6 +255,7 @@ class Runner:
             # one, still uncommitted, that a lane's promotion then skips
             self.maintenance.start(without=("schedule",) if self.burst else ())
         restore = self._install_signal_handlers()
+        _configure_mappers()
         lanes = self._lane_threads()
         self._start_commit_watch()
         logger.info(
@@ -428,6 +429,8 @@ class Runner:
             _invalidated_on_error(claim_conn),
             self._marked(work_conn, index),
         ):
+            self.adapter.keep_lane_session(work_conn)
+            manager.warm(work_conn)
             if index == 0:
                 # as before the routines had threads: at start and after every
                 # reconnect, whatever the schedule and the lock say
@@ -529,6 +532,17 @@ def _invalidated_on_error(conn: Connection) -> Iterator[None]:
     except BaseException:
         conn.invalidate()
         raise
+
+
+def _configure_mappers() -> None:
+    """The application's ORM mappings made ready now, before the lanes
+    start: the first handler to use the ORM would otherwise do it, while
+    the other lanes wait for it (docs/lifecycle.md, "Warm lanes"). A mapping
+    that cannot be configured fails its tasks, as it would have."""
+    try:
+        configure_mappers()
+    except Exception as exc:  # the tasks report it, with their ids
+        logger.warning("the ORM mappings could not be configured: %s", describe_error(exc))
 
 
 def _return_free_memory() -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, insert, inspect, text
 from sqlalchemy.engine import make_url
 
+from sqla_queue import DuplicateTaskError
 from sqla_queue.configuration_table import PEQ_SETTINGS
 from sqla_queue.ddl import queue_tables
 from sqla_queue.settings import normalize_url
@@ -149,3 +151,102 @@ def test_a_bad_name_is_one_line(args: tuple[str, ...], message: str) -> None:
     assert proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"Error: {message}")
+
+
+# ------------------------------------------------- unique tasks' live-key index
+@pytest.mark.parametrize(
+    ("kind", "dialect"),
+    [("sqlite", "sqlite"), ("postgresql", "postgresql"), ("mysql", "mariadb")],
+)
+def test_ddl_unique_process_makes_the_live_key_index_create_all_makes(
+    kind: str, dialect: str, tmp_path: Path
+) -> None:
+    with (
+        private_database(kind, tmp_path) as url,
+        private_database(kind, tmp_path) as reference_url,
+    ):
+        schema = {"postgresql": "public", "sqlite": "main"}.get(kind) or make_url(url).database
+        assert schema is not None
+        args = ("ddl", schema, "fila_du", "--dialect", dialect)
+        args += ("--unique-process", "pular", "--unique-process", "it's")
+        script = tmp_path / "queue.sql"
+        script.write_text(run_cli(*args).stdout)
+        with script.open() as stdin:
+            proc = subprocess.run(
+                _client(kind, url, script), stdin=stdin, capture_output=True, text=True, timeout=60
+            )
+        assert proc.returncode == 0, proc.stderr
+        reference = create_engine(normalize_url(reference_url))
+        tables = queue_tables(None, "fila_du", unique_processes=("pular", "it's"))
+        tables[0].metadata.create_all(reference)
+        reference.dispose()
+        assert schema_snapshot(url) == schema_snapshot(reference_url)
+        engine = create_engine(normalize_url(url))
+        try:
+            names = {ix["name"] for ix in inspect(engine).get_indexes("fila_du")}
+            assert "ix_fila_du_unica" in names
+            row = {"processo": "it's", "chave_externa": "k", "status": "pendente"}
+            with engine.begin() as conn:
+                conn.execute(insert(tables[0]), row)
+            with engine.connect() as conn:
+                conn.begin()
+                with pytest.raises(DuplicateTaskError):
+                    conn.execute(insert(tables[0]), row)
+                conn.rollback()
+        finally:
+            engine.dispose()
+
+
+def test_live_key_statements_per_dialect() -> None:
+    """The text of the live-key index on each dialect, SingleStore's
+    included (compiled only: no SingleStore server here)."""
+    from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+    from sqla_queue.adapters.unique import live_key_drop_statements
+    from sqla_queue.adapters.unique import live_key_statements as statements
+
+    def live_key_statements(table: Any, processes: list[str], dialect: Any) -> list[str]:
+        return [
+            str(s.compile(dialect=dialect)).strip() for s in statements(table, processes, dialect)
+        ]
+
+    table = queue_tables(None, "fila")[0]
+    pg, pg_tenant = live_key_statements(table, ["b", "a"], postgresql.dialect())
+    assert pg.startswith(
+        "CREATE UNIQUE INDEX ix_fila_unica ON fila (processo, chave_externa) WHERE "
+    )
+    assert pg.endswith("AND tenant IS NULL")
+    assert pg_tenant.startswith(
+        "CREATE UNIQUE INDEX ix_fila_tenant_unica ON fila (processo, chave_externa, tenant) WHERE "
+    )
+    assert pg_tenant.endswith("AND tenant IS NOT NULL")
+    for statement in (pg, pg_tenant):
+        assert "processo IN ('a', 'b')" in statement
+        assert "status IN ('agendada', 'pendente', 'processando')" in statement
+        assert "dead = false" in statement and "subscriber_id IS NULL" in statement
+    lite, _ = live_key_statements(table, ["a"], sqlite.dialect())
+    assert lite.startswith("CREATE UNIQUE INDEX ix_fila_unica ON fila") and "dead = 0" in lite
+    [maria] = live_key_statements(table, ["a"], mysql.dialect())
+    assert maria.startswith("ALTER TABLE fila ADD COLUMN sqlaq_unique_key CHAR(64)")
+    assert "CAST(processo AS BINARY) IN (X'61')" in maria
+    assert maria.endswith("STORED, ADD UNIQUE INDEX ix_fila_unica (sqlaq_unique_key)")
+    assert live_key_statements(table, [], postgresql.dialect()) == []
+    assert live_key_drop_statements(table, mysql.dialect()) == [
+        "ALTER TABLE fila DROP INDEX ix_fila_unica, DROP COLUMN sqlaq_unique_key"
+    ]
+    assert live_key_drop_statements(table, postgresql.dialect()) == [
+        "DROP INDEX IF EXISTS ix_fila_unica",
+        "DROP INDEX IF EXISTS ix_fila_tenant_unica",
+    ]
+
+
+def test_singlestore_ddl_has_no_live_key_index() -> None:
+    """SingleStore's unique keys must contain the shard key (id): the
+    live-key index cannot be made there; the key table is (not run: no
+    SingleStore server here)."""
+    out = run_cli(
+        "ddl", "app", "fila", "--dialect", "singlestore", "--unique-process", "pular"
+    ).stdout
+    assert "CREATE ROWSTORE TABLE app.fila (" in out
+    assert "fila_unique" in out
+    assert "unica" not in out and "sqlaq_unique_key" not in out

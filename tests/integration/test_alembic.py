@@ -564,3 +564,79 @@ def test_migration_url_prefers_x_url_then_environment_then_ini(
     monkeypatch.delenv("SQLA_QUEUE_URL")
     with pytest.raises(CommandError, match=r"^no database: pass -x url=\.\.\."):
         migration_url(None, "")
+
+
+# ------------------------------------------------- unique tasks' live-key index
+def _unique_metadata(table: str, processes: tuple[str, ...] = ("faturar", "fechar")) -> MetaData:
+    from sqla_queue import Unique
+
+    class Base(DeclarativeBase):
+        pass
+
+    attributes: dict[str, Any] = {
+        "__tablename__": table,
+        "__queue_unique__": tuple(Unique(name) for name in processes),
+    }
+    type("Task", (QueueMixin, Base), attributes)
+    return Base.metadata
+
+
+def _unique_diffs(conn: Any, metadata: MetaData) -> list[Any]:
+    from sqla_queue.alembic import include_object
+
+    context = MigrationContext.configure(conn, opts={"include_object": include_object})
+    return compare_metadata(context, metadata)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autogenerate_adds_the_live_key_index_to_a_table_without_it(
+    kind: str, tmp_path: Path
+) -> None:
+    """docs/unique.md: a unique queue made before the live-key index gets
+    create_queue_unique_index from autogenerate; once made, nothing is left
+    to do, the generated column of the MySQL family included; the
+    operation's reverse drops it; rename_queue_table renames it."""
+    from alembic.autogenerate import render_python_code
+    from alembic.operations import ops
+
+    from sqla_queue.alembic import CreateQueueUniqueIndexOp
+    from sqla_queue.unique import live_index_name
+
+    with private_database(kind, tmp_path) as url:
+        engine = create_engine(normalize_url(url))
+        _queue_metadata("fila_u").create_all(engine)  # made before: no index, no key table
+        metadata = _unique_metadata("fila_u")
+        with engine.connect() as conn:
+            diffs = _unique_diffs(conn, metadata)
+        assert sorted(str(diff[0]) for diff in diffs) == ["add_queue_unique_index", "add_table"]
+        [op_diff] = [diff for diff in diffs if diff[0] == "add_queue_unique_index"]
+        assert op_diff == ("add_queue_unique_index", None, "fila_u", ("faturar", "fechar"))
+        create = CreateQueueUniqueIndexOp("fila_u", ["fechar", "faturar"])
+        code = render_python_code(ops.UpgradeOps(ops=[create]))
+        assert "op.create_queue_unique_index('fila_u', ['faturar', 'fechar'])" in code
+        metadata.tables["fila_u_unique"].create(engine)
+        with engine.begin() as conn:
+            Operations(MigrationContext.configure(conn)).invoke(create)
+        with engine.connect() as conn:
+            assert _unique_diffs(conn, metadata) == []
+        names = {ix["name"] for ix in inspect(engine).get_indexes("fila_u")}
+        assert live_index_name("fila_u") in names
+        # the same schema as create_all() of the model
+        with private_database(kind, tmp_path) as reference_url:
+            reference = create_engine(normalize_url(reference_url))
+            _unique_metadata("fila_u").create_all(reference)
+            reference.dispose()
+            assert schema_snapshot(url) == schema_snapshot(reference_url)
+        with engine.begin() as conn:
+            Operations(MigrationContext.configure(conn)).invoke(create.reverse())
+        assert live_index_name("fila_u") not in {
+            ix["name"] for ix in inspect(engine).get_indexes("fila_u")
+        }
+        with engine.begin() as conn:
+            Operations(MigrationContext.configure(conn)).invoke(create)
+            Operations(MigrationContext.configure(conn)).invoke(
+                RenameQueueTableOp("fila_u", "fila_r")
+            )
+        names = {ix["name"] for ix in inspect(engine).get_indexes("fila_r")}
+        assert live_index_name("fila_r") in names and live_index_name("fila_u") not in names
+        engine.dispose()

@@ -1,4 +1,6 @@
 """Bad enqueue values: one clear line naming the field, and nothing stored.
+Bad numbers on the command line: click's usage error, one line naming the
+option, exit status 2 (at the end).
 
 Each bad value goes through every enqueue path (the flush hook's fast
 INSERT and the ORM's unit of work, the ORM bulk INSERT, ``insert_task``,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import InvalidTaskError, PayloadError, QueueClient
 from sqla_queue.mixins import COLUMN_NAMES
+from tests.conftest import run_cli
 from tests.support.app import App
 
 UTC = dt.timezone.utc
@@ -189,3 +193,107 @@ def test_text_at_the_column_length_and_non_bmp_payloads_are_stored(
         stored = session.scalars(select(app.Task).order_by(app.Task.id)).all()
     assert [task.payload for task in stored] == [given["payload"], "𝄞 \\ud800"]
     assert {len(task.process) for task in stored} == {250}
+
+
+# ------------------------------------------------------------ the command line
+WORKER = "tests.support.app:RecordingWorker"
+BIGGEST_ID = str(2**63 - 1)
+#: (command line, the option its one error line names): every number the
+#: commands take, out of its range
+BAD_NUMBERS: list[tuple[list[str], str]] = [
+    *(
+        (["status", WORKER, "--task", value], "--task")
+        for value in ("9223372036854775808", "0", "-1", "1e3", "nan", "9" * 5000)
+    ),
+    *(
+        (["status", WORKER, "--window", value], "--window")
+        for value in ("1e400d", "nan", "inf", "-5m", "0", "0.5s", "36501d", "")
+    ),
+    *((["status", WORKER, "--interval", v], "--interval") for v in ("nan", "inf", "1e400", "0")),
+    (["cancel", WORKER, "--task", "9223372036854775808"], "--task"),
+    *(
+        (["cancel", WORKER, "--process", "x", "--older-than", value], "--older-than")
+        for value in ("1e400d", "nan", "-1s", "infd", "1e308d")
+    ),
+    (["retry-now", WORKER, "--task", "9" * 30], "--task"),
+    (["retry-now", WORKER, "--task", "-5"], "--task"),
+    (["requeue", WORKER, "--id", "9223372036854775808"], "--id"),
+    *((["requeue", WORKER, "--all", "--limit", v], "--limit") for v in ("0", "1e400", "10001")),
+    (["requeue", WORKER, "--all", "--since", "0001-01-01T00:00+01:00"], "--since"),
+    (["worker", WORKER, "--concurrency", "9223372036854775808"], "--concurrency"),
+    (["worker", WORKER, "--concurrency", "0"], "--concurrency"),
+    (["worker", WORKER, "--batch-size", "10001"], "--batch-size"),
+    *(
+        (["worker", WORKER, "--commit-budget-ms", v], "--commit-budget-ms")
+        for v in ("nan", "inf", "-1")
+    ),
+    (["worker", WORKER, "--metrics-port", "70000"], "--metrics-port"),
+    (
+        ["webhook", "--model", "a:B", "--subscriber-model", "a:C", "--concurrency", "nan"],
+        "--concurrency",
+    ),
+    (["server", "--notify-port", "-1"], "--notify-port"),
+    (["server", "--lock-port", "65536"], "--lock-port"),
+]
+
+
+def _one_usage_error(code: int, stderr: str, option: str | None) -> str | None:
+    """What is wrong with a refusal (None: exit status 2, click's usage
+    text and one ``Error:`` line naming ``option``, no traceback)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    if code != 2 or len(errors) != 1 or "Traceback" in stderr:
+        return f"exit {code}: {stderr[-300:]!r}"
+    if option is not None and f"'{option}'" not in errors[0]:
+        return f"does not name {option}: {errors[0]!r}"
+    return None
+
+
+def test_every_number_of_the_command_line_is_range_checked() -> None:
+    """Each one is click's usage error before anything connects (the same on
+    every database: no --url is read). In-process, for the whole list; the
+    test below runs the real command on each database."""
+    from click.testing import CliRunner
+
+    from sqla_queue.cli import main
+
+    wrong = {}
+    for args, option in BAD_NUMBERS:
+        result = CliRunner().invoke(main, args)
+        if not isinstance(result.exception, SystemExit):
+            wrong[" ".join(args)[:80]] = repr(result.exception)
+        elif (problem := _one_usage_error(result.exit_code, result.stderr, option)) is not None:
+            wrong[" ".join(args)[:80]] = problem
+    assert wrong == {}
+
+
+def test_huge_numbers_on_every_database(engine: Engine, app: App, db_url: str) -> None:
+    """The issue's command lines, and the biggest id there is (which reaches
+    the database: one ``Error:`` line, exit status 1), and the longest
+    window and age (a hundred years back, within every database's dates)."""
+    env = {"SQLA_QUEUE_TEST_TABLE": app.Task.__tablename__}
+    table = app.Task.__tablename__
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = run_cli(args[0], WORKER, "--url", db_url, *args[1:], env=env, check=False)
+        assert "Traceback" not in done.stderr, done.stderr
+        return done
+
+    for args, option in [
+        (("status", "--task", "9223372036854775808"), "--task"),
+        (("status", "--window", "1e400d"), "--window"),
+        (("cancel", "--process", "x", "--older-than", "1e400d"), "--older-than"),
+    ]:
+        done = run(*args)
+        assert _one_usage_error(done.returncode, done.stderr, option) is None, done.stderr
+    missing = run("status", "--task", BIGGEST_ID)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == f"Error: no task {BIGGEST_ID} in {table}"
+    for command in ("cancel", "retry-now"):
+        refused = run(command, "--task", BIGGEST_ID)
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == f"Error: no task {BIGGEST_ID} in {table}"
+    none = run("requeue", "--id", BIGGEST_ID)
+    assert none.returncode == 0 and none.stdout.strip() == "requeued 0 dead task(s)", none.stderr
+    assert run("status", "--window", "36500d", "--json").returncode == 0
+    old = run("cancel", "--process", "x", "--older-than", "36500d")
+    assert old.returncode == 0 and old.stdout.strip() == "cancelled 0 waiting task(s) of x"

@@ -829,3 +829,34 @@ def test_a_batch_of_one_that_wrote_nothing_completes_in_one_round_trip(
     done = {task.id: task for task in tasks(engine, app)}
     assert {done[quiet].status, done[writes].status} == {"sucesso"}
     assert effects(engine, app) == [(writes, writes, "escrito")]
+
+
+# --------------------------------------------------------------- the warm-up
+def test_a_lane_s_warm_up_runs_the_completion_and_changes_nothing(
+    engine: Engine, observer: Engine, app: App, installed: None
+) -> None:
+    """A lane's warm-up (docs/lifecycle.md, "Warm lanes") sends the
+    completion's statements on its work connection, matching no row, and
+    leaves no transaction open: a claimed task stays claimed, a ready one
+    ready, and the connection is as it was."""
+    claimed_id, ready_id = enqueue(engine, app, {"n": 1}, {"n": 2})
+    worker = runner(app.RecordingWorker, engine)
+    table = app.Task.__table__.name
+    sent: list[str] = []
+    with worker.adapter.connect_claim(engine) as claim, engine.connect() as work:
+        [task] = worker.manager.claim(claim, limit=1)
+        assert task.id == claimed_id
+        # observed, every adapter sends through conn.execute (no driver fast path)
+        event.listen(work, "before_cursor_execute", lambda *args: sent.append(args[2]))
+        before = _statuses(observer, app)
+        worker.manager.warm(work)
+        assert not work.in_transaction()
+        assert _statuses(observer, app) == before
+        assert before[claimed_id][0] == "processando" and before[ready_id][0] == "pendente"
+    assert sum(table in statement for statement in sent) >= 3, sent
+
+
+def _statuses(engine: Engine, app: App) -> dict[int, tuple[str, str | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(app.Task.id, app.Task.status, app.Task.worker_id))
+        return {row[0]: (row[1], row[2]) for row in rows}

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import unicodedata
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, TaskNotFoundError, TaskStateError
 from sqla_queue.inspect import STATES, queue_status, task_timeline
+from sqla_queue.redaction import escape_controls, escape_json_line
 from sqla_queue.settings import Settings
 from sqla_queue.testing import run_until_empty
 from sqla_queue.types import utcnow
@@ -528,3 +530,130 @@ def test_status_shows_which_routine_lock_is_held_by_whom(engine: Engine, app: Ap
         thread.join(10)
     # given back at the stop
     assert queue_status(engine, app.Task).routine_locks == []
+
+
+# ------------------------------------------------------------ hostile text
+#: what a webhook endpoint's response body may hold: the window title (OSC
+#: 0 ended by BEL), a screen clear, a hidden link (OSC 8), a C1 CSI, a bidi
+#: override and isolate, DEL, a tag character (hidden text)
+HOSTILE = (
+    "\x1b]0;pwned\x07 \x1b[2J \x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\ "
+    "\x9b31m \u202eevil\u202c \x7f\u2066x\u2069 \U000e0041"
+)
+HOSTILE_PROCESS = "p\x1b[2J\u202e\x9b"
+HOSTILE_KEY = "k\x1b]8;;x\x07\u202e"
+HOSTILE_WORKER = "w\x1b[8m\u2067\x07"
+
+
+def raw_controls(text: str) -> list[str]:
+    """The characters of ``text`` a terminal would act on or hide (newlines
+    aside), by Unicode's categories: C0, DEL, C1, format, separators,
+    surrogates."""
+    return [
+        c for c in text if c != "\n" and unicodedata.category(c) in {"Cc", "Cf", "Zl", "Zp", "Cs"}
+    ]
+
+
+def test_escape_controls_leaves_nothing_a_terminal_acts_on() -> None:
+    """Every character of the categories raw_controls() looks for becomes a
+    visible ASCII escape (ZWNJ and ZWJ excepted: scripts and emoji need
+    them); the rest of the text, backslashes included, stays."""
+    kept = {"\u200c", "\u200d"}
+    for code in range(0x110000):
+        c = chr(code)
+        if unicodedata.category(c) in {"Cc", "Cf", "Zl", "Zp", "Cs"} and c not in kept:
+            escaped = escape_controls(f"a{c}b")
+            assert escaped.isascii() and escaped.isprintable(), (hex(code), escaped)
+            assert escaped.startswith("a\\") and escaped.endswith("b"), escaped
+    assert escape_controls("\x1b[2J\u202e\x9b\U000e0041") == "\\x1b[2J\\u202e\\x9b\\U000e0041"
+    assert escape_controls("açúcar 𝄞 C:\\tmp 👨\u200d👩") == "açúcar 𝄞 C:\\tmp 👨\u200d👩"
+    assert escape_controls("a\nb\r\nc\rd") == "a\\x0ab\\x0d\\x0ac\\x0dd"
+    assert escape_controls("a\nb\r\nc\rd\x1b", multiline=True) == "a\nb\nc\\x0dd\\x1b"
+    # the same JSON values, no raw character a terminal acts on
+    line = json.dumps({"m": HOSTILE + "\ud800"}, ensure_ascii=False)
+    assert json.loads(escape_json_line(line)) == json.loads(line)
+    assert raw_controls(escape_json_line(line)) == []
+
+
+def hostile_history(engine: Engine, app: App) -> dict[str, int]:
+    """A task of HOSTILE_PROCESS and HOSTILE_KEY whose handler failed with
+    HOSTILE (its retries spent: a dead-letter run), and a running task of a
+    worker whose id is HOSTILE_WORKER."""
+
+    class Once(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+    with Session(engine) as session:
+        failed = app.Task(
+            process=HOSTILE_PROCESS, external_key=HOSTILE_KEY, payload={"fail": HOSTILE}
+        )
+        session.add(failed)
+        session.flush()
+        assert run_until_empty(Once, session).dead == 1
+        running = app.Task(process=HOSTILE_PROCESS, payload={"n": 1})
+        session.add(running)
+        session.commit()
+        ids = {"failed": failed.id, "running": running.id}
+    with engine.begin() as conn:
+        conn.execute(
+            update(app.Task)
+            .where(app.Task.id == ids["running"])
+            .values(
+                status="processando",
+                worker_id=HOSTILE_WORKER,
+                started_at=utcnow(),
+                lease_expires_at=utcnow() + dt.timedelta(hours=1),
+            )
+        )
+    return ids
+
+
+def test_stored_control_characters_never_reach_the_terminal(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """A task's processo, chave_externa, message, traceback and worker id
+    holding ESC sequences, OSC 8 links, BEL, C1 and bidi overrides: every
+    human output of the CLI shows them escaped (``\\x1b``, ``\\u202e``);
+    ``--json`` gives back the exact stored text."""
+    ids = hostile_history(engine, app)
+    with engine.connect() as conn:
+        message, traceback = conn.execute(
+            select(app.Task.message, app.Task.error_traceback).where(app.Task.id == ids["failed"])
+        ).one()
+    assert HOSTILE in message and HOSTILE in traceback
+    table = app.Task.__tablename__
+    worker = ["tests.support.app:RecordingWorker", "--url", db_url]
+
+    def human(*args: str) -> str:
+        done = cli(*args, table=table)
+        assert done.returncode == 0, done.stderr
+        assert raw_controls(done.stdout + done.stderr) == [], (args, done.stdout)
+        return done.stdout
+
+    shown = human("status", *worker)
+    for part in ("\\x1b]0;pwned\\x07", "\\x9b31m", "\\u202eevil\\u202c", "\\U000e0041"):
+        assert part in shown  # the message, in the failures
+    assert "p\\x1b[2J\\u202e\\x9b" in shown  # the process
+    assert "w\\x1b[8m\\u2067\\x07" in shown  # the running task's worker
+    timeline = human("status", *worker, "--task", str(ids["failed"]))
+    assert "k\\x1b]8;;x\\x07\\u202e" in timeline  # chave_externa, in its title
+    assert "\\x1b]8;;https://evil.example/\\x1b\\click" in timeline
+    assert "Traceback (most recent call last):\n" in timeline  # a traceback keeps its lines
+    listing = human("requeue", *worker, "--all", "--dry-run")
+    assert f"(task {ids['failed']}, p\\x1b[2J\\u202e\\x9b) (dry run)" in listing
+    human("pause", *worker, "--process", HOSTILE_PROCESS)
+    assert "resumed: p\\x1b[2J\\u202e\\x9b;" in human("resume", *worker, "--all")
+
+    # --json: json.dumps' escapes, and the exact stored text back
+    as_json = cli("status", *worker, "--json", table=table)
+    assert as_json.returncode == 0 and raw_controls(as_json.stdout) == []
+    data = json.loads(as_json.stdout)
+    assert HOSTILE_PROCESS in data["processes"]
+    assert [f["message"] for f in data["failures"]] == [message]
+    assert [r["worker_id"] for r in data["running"]] == [HOSTILE_WORKER]
+    as_json = cli("status", *worker, "--task", str(ids["failed"]), "--json", table=table)
+    assert as_json.returncode == 0 and raw_controls(as_json.stdout) == []
+    data = json.loads(as_json.stdout)
+    assert (data["process"], data["external_key"]) == (HOSTILE_PROCESS, HOSTILE_KEY)
+    first = data["rows"][0]
+    assert (first["message"], first["traceback"]) == (message, traceback)

@@ -129,3 +129,29 @@ def test_an_unreachable_grafana_url_never_stops_the_worker(
             select(func.count()).select_from(app.Task).where(app.Task.status != "sucesso")
         ).scalar_one()
     assert left == 0
+
+
+@sqlite_only
+def test_a_task_message_with_control_characters_is_escaped_in_every_log_line(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """The handler's error (stored in mensagem, quoted by the log line of the
+    failure) holds ESC sequences, BEL, C1, bidi overrides: text lines show
+    them escaped, JSON lines as JSON escapes that decode to the same text."""
+    from tests.integration.test_inspect import HOSTILE, raw_controls
+
+    enqueue(engine, app, {"fail": HOSTILE})
+    text = burst(db_url, app.Task.__tablename__, "--log-level", "INFO")
+    assert text.returncode == 0, text.stderr
+    assert raw_controls(text.stderr) == []
+    failed = [line for line in text.stderr.splitlines() if "asked to fail" in line]
+    assert failed and all("\\x1b]0;pwned\\x07" in line for line in failed)
+    assert all("\\u202eevil\\u202c" in line and "\\x9b31m" in line for line in failed)
+
+    [again] = enqueue(engine, app, {"fail": HOSTILE})
+    lines = burst(db_url, app.Task.__tablename__, "--log-format", "json", "--log-level", "INFO")
+    assert lines.returncode == 0, lines.stderr
+    assert raw_controls(lines.stderr) == []
+    about = [json.loads(line) for line in lines.stderr.splitlines() if line.strip()]
+    messages = [line["message"] for line in about if line.get("chain_id") == again]
+    assert any(f"asked to fail: {HOSTILE}" in message for message in messages), messages

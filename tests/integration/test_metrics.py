@@ -17,9 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, and_, func, select, update
+from sqlalchemy.orm import Session
 
 from sqla_queue.hooks import Hooks
-from sqla_queue.metrics import QueueMetrics
+from sqla_queue.metrics import (
+    OTHER_PROCESS,
+    PROCESS_LABEL_MAX_CHARS,
+    PROCESS_LABELS_MAX,
+    QueueMetrics,
+)
 from sqla_queue.settings import Settings
 from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
@@ -161,6 +167,66 @@ def test_scraped_counters_equal_what_the_table_says(
         assert samples[("sqla_queue_task_wait_seconds_count", labels)] == 24 + 3 + 3
         assert samples[("sqla_queue_batch_size_count", queue)] >= 1
         assert samples[("sqla_queue_batch_size_sum", queue)] == 24 + 3 + 3
+
+
+#: what a hostile ``processo`` may hold: escapes, quotes, a backslash, line
+#: breaks, a bidi override, C1 (no NUL: PostgreSQL's text refuses it)
+HOSTILE = '\x1b[31m "quoted" \\ back\nslash\r\t\u202e\x85 '
+
+
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
+def test_hostile_process_names_keep_the_process_label_bounded(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """A worker without ``processes`` runs 3,000 tasks of 3,000 distinct,
+    long, hostile process names: the scrape has the first 100 as labels
+    (cut, escaped) and ``other`` for the rest, and counts all 3,000."""
+    table = app.Task.__tablename__
+    total = 3000
+    names = [f"p{n:04d}{HOSTILE}".ljust(240, "x") for n in range(total)]
+    with Session(engine) as session, session.begin():
+        session.add_all(app.Task(payload={"n": n}, process=name) for n, name in enumerate(names))
+    port = free_port()
+    with worker_process(db_url, table, port) as proc:
+
+        def finished() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with engine.connect() as conn:
+                done = conn.execute(
+                    select(func.count()).select_from(app.Task).where(app.Task.status == "sucesso")
+                ).scalar_one()
+            return done == total
+
+        wait_until(finished, timeout=120, message="the worker to finish every task")
+
+        def by_process(sample_name: str) -> dict[str, float]:
+            """{process label: value} of the queue's samples (successes only)."""
+            counted: dict[str, float] = {}
+            for (name, labels), value in scrape(port).items():
+                label = dict(labels)
+                if (
+                    name == sample_name
+                    and label["queue"] == table
+                    and label.get("outcome", "succeeded") == "succeeded"
+                ):
+                    counted[label["process"]] = counted.get(label["process"], 0) + value
+            return counted
+
+        # each counter is incremented after its commit: poll until it catches up
+        wait_until(
+            lambda: sum(by_process("sqla_queue_tasks_total").values()) >= total,
+            timeout=30,
+            message="the counters",
+        )
+        for sample_name in ("sqla_queue_tasks_total", "sqla_queue_task_duration_seconds_count"):
+            counted = by_process(sample_name)
+            assert len(counted) == PROCESS_LABELS_MAX + 1, sample_name
+            assert sum(counted.values()) == total, sample_name
+            assert counted[OTHER_PROCESS] == total - PROCESS_LABELS_MAX, sample_name
+            kept = set(counted) - {OTHER_PROCESS}
+            assert all(len(label) == PROCESS_LABEL_MAX_CHARS for label in kept)
+            assert all(label.isprintable() and label.startswith("p") for label in kept)
+            assert all('\\x1b[31m "quoted" \\ back\\x0aslash' in label for label in kept)
 
 
 def test_a_batch_rolled_back_by_a_lost_claim_counts_nothing(

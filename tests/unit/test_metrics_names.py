@@ -135,3 +135,46 @@ def test_lanes_counting_at_once_lose_no_task_and_a_finished_lane_still_counts() 
         registry.get_sample_value("sqla_queue_task_wait_seconds_bucket", {**labels, "le": "0.25"})
         == 20_000
     )
+
+
+def _process_labels(metrics: QueueMetrics, *processes: str) -> dict[str, float]:
+    """Emit one success per process name; {process label: tasks counted}."""
+    hooks = Hooks()
+    metrics.attach(hooks)
+    for process in processes:
+        hooks.emit([TaskEvent(TASK_SUCCEEDED, _record(process), None, 0.01)])
+    return {
+        sample.labels["process"]: sample.value
+        for family in metrics.registry.collect()
+        if family.name == "sqla_queue_tasks"
+        for sample in family.samples
+        if sample.name == "sqla_queue_tasks_total"
+    }
+
+
+def test_a_worker_with_processes_labels_only_those_and_the_rest_other() -> None:
+    metrics = QueueMetrics("fila", registry=CollectorRegistry(), processes={"faturar", "notificar"})
+    labels = _process_labels(metrics, "faturar", "estranho", "faturar", "outro\n", "notificar")
+    assert labels == {"faturar": 2.0, "notificar": 1.0, "other": 2.0}
+
+
+def test_a_worker_without_processes_labels_the_first_ones_seen_cut_and_escaped() -> None:
+    from sqla_queue.metrics import PROCESS_LABEL_MAX_CHARS
+
+    metrics = QueueMetrics("fila", registry=CollectorRegistry(), most_processes=3)
+    long = "a" * 300
+    labels = _process_labels(metrics, "um", 'do"is\n\x1b[2J', long, long + "b", "quatro", "um")
+    # the cut name and its longer twin are one label; the fourth distinct one is other
+    assert labels == {
+        "um": 2.0,
+        'do"is\\x0a\\x1b[2J': 1.0,
+        "a" * PROCESS_LABEL_MAX_CHARS: 2.0,
+        "other": 1.0,
+    }
+
+
+def test_a_negative_cap_is_refused() -> None:
+    from sqla_queue.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="most_processes must be 0 or more"):
+        QueueMetrics("fila", registry=CollectorRegistry(), most_processes=-1)
