@@ -608,13 +608,10 @@ def hostile_history(engine: Engine, app: App) -> dict[str, int]:
     return ids
 
 
-def test_stored_control_characters_never_reach_the_terminal(
-    engine: Engine, app: App, installed: None, db_url: str
-) -> None:
-    """A task's processo, chave_externa, message, traceback and worker id
-    holding ESC sequences, OSC 8 links, BEL, C1 and bidi overrides: every
-    human output of the CLI shows them escaped (``\\x1b``, ``\\u202e``);
-    ``--json`` gives back the exact stored text."""
+def _hostile_cli(engine: Engine, app: App, db_url: str) -> tuple[Any, Any, Any]:
+    """The hostile history, its failed task's stored message and traceback,
+    and ``human(*args)``: a CLI command's output, which must hold no raw
+    control character."""
     ids = hostile_history(engine, app)
     with engine.connect() as conn:
         message, traceback = conn.execute(
@@ -624,36 +621,53 @@ def test_stored_control_characters_never_reach_the_terminal(
     table = app.Task.__tablename__
     worker = ["tests.support.app:RecordingWorker", "--url", db_url]
 
-    def human(*args: str) -> str:
-        done = cli(*args, table=table)
+    def human(*args: str, json_out: bool = False) -> Any:
+        done = cli(*args[:1], *worker, *args[1:], table=table)
         assert done.returncode == 0, done.stderr
         assert raw_controls(done.stdout + done.stderr) == [], (args, done.stdout)
-        return done.stdout
+        return json.loads(done.stdout) if json_out else done.stdout
 
-    shown = human("status", *worker)
+    return ids, (message, traceback), human
+
+
+def test_stored_control_characters_never_reach_the_terminal(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """A task's processo, message, traceback and worker id holding ESC
+    sequences, OSC 8 links, BEL, C1 and bidi overrides, on every database:
+    ``status`` shows them escaped (``\\x1b``, ``\\u202e``); ``--json`` gives
+    back the exact stored text."""
+    _, (message, _), human = _hostile_cli(engine, app, db_url)
+    shown = human("status")
     for part in ("\\x1b]0;pwned\\x07", "\\x9b31m", "\\u202eevil\\u202c", "\\U000e0041"):
         assert part in shown  # the message, in the failures
     assert "p\\x1b[2J\\u202e\\x9b" in shown  # the process
     assert "w\\x1b[8m\\u2067\\x07" in shown  # the running task's worker
-    timeline = human("status", *worker, "--task", str(ids["failed"]))
-    assert "k\\x1b]8;;x\\x07\\u202e" in timeline  # chave_externa, in its title
-    assert "\\x1b]8;;https://evil.example/\\x1b\\click" in timeline
-    assert "Traceback (most recent call last):\n" in timeline  # a traceback keeps its lines
-    listing = human("requeue", *worker, "--all", "--dry-run")
-    assert f"(task {ids['failed']}, p\\x1b[2J\\u202e\\x9b) (dry run)" in listing
-    human("pause", *worker, "--process", HOSTILE_PROCESS)
-    assert "resumed: p\\x1b[2J\\u202e\\x9b;" in human("resume", *worker, "--all")
-
     # --json: json.dumps' escapes, and the exact stored text back
-    as_json = cli("status", *worker, "--json", table=table)
-    assert as_json.returncode == 0 and raw_controls(as_json.stdout) == []
-    data = json.loads(as_json.stdout)
+    data = human("status", "--json", json_out=True)
     assert HOSTILE_PROCESS in data["processes"]
     assert [f["message"] for f in data["failures"]] == [message]
     assert [r["worker_id"] for r in data["running"]] == [HOSTILE_WORKER]
-    as_json = cli("status", *worker, "--task", str(ids["failed"]), "--json", table=table)
-    assert as_json.returncode == 0 and raw_controls(as_json.stdout) == []
-    data = json.loads(as_json.stdout)
+
+
+# the other commands print what the same functions read (tested above on
+# every database): SQLite
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_stored_control_characters_never_reach_the_terminal_from_any_command(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """The same text through ``status --task`` (human and ``--json``),
+    ``requeue --dry-run``, ``pause`` and ``resume``."""
+    ids, (message, traceback), human = _hostile_cli(engine, app, db_url)
+    timeline = human("status", "--task", str(ids["failed"]))
+    assert "k\\x1b]8;;x\\x07\\u202e" in timeline  # chave_externa, in its title
+    assert "\\x1b]8;;https://evil.example/\\x1b\\click" in timeline
+    assert "Traceback (most recent call last):\n" in timeline  # a traceback keeps its lines
+    listing = human("requeue", "--all", "--dry-run")
+    assert f"(task {ids['failed']}, p\\x1b[2J\\u202e\\x9b) (dry run)" in listing
+    human("pause", "--process", HOSTILE_PROCESS)
+    assert "resumed: p\\x1b[2J\\u202e\\x9b;" in human("resume", "--all")
+    data = human("status", "--task", str(ids["failed"]), "--json", json_out=True)
     assert (data["process"], data["external_key"]) == (HOSTILE_PROCESS, HOSTILE_KEY)
     first = data["rows"][0]
     assert (first["message"], first["traceback"]) == (message, traceback)
