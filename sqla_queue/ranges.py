@@ -140,3 +140,10 @@ WATCH_SECONDS = Range(0.5, 3600, unit="seconds")
 WINDOW_SECONDS = Range(1, 100 * 365 * 86400, unit="seconds")
 #: ``cancel --older-than``: 0 (every waiting task) to a hundred years
 OLDER_THAN_SECONDS = Range(0, 100 * 365 * 86400, unit="seconds")
+#: ``sqla-queue spark``: a task's prioridade (an int column), JDBC read
+#: partitions, rows listed, families per archive chunk, retention days
+PRIORITY = Range(-(2**31) + 1, 2**31 - 1, integer=True)
+SPARK_PARTITIONS = Range(1, 100_000, integer=True)
+SPARK_LISTED = Range(1, 100_000, integer=True)
+CHUNK_FAMILIES = Range(1, 10_000_000, integer=True)
+RETENTION_DAYS = Range(0, 36600, unit="days")

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..cli.checks import Number
 from ..exceptions import ConfigurationError, SqlaQueueError
 from ..identifiers import split_table_name
+from ..ranges import CHUNK_FAMILIES, PRIORITY, RETENTION_DAYS, SPARK_LISTED, SPARK_PARTITIONS
+from ..redaction import escape_controls
 from ..settings import database_url, normalize_url
 from ..types import dialect_family
 
@@ -28,7 +31,7 @@ RETENTION_VARIABLE = "QUEUE_PURGE_MAX_AGE"
 
 
 def _echo(line: str) -> None:
-    click.echo(line, err=True)
+    click.echo(escape_controls(line), err=True)
 
 
 def _pairs(values: Sequence[str], option: str) -> dict[str, str]:
@@ -79,7 +82,7 @@ def _run(job: Any) -> Any:
     try:
         return job()
     except SqlaQueueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.ClickException(escape_controls(str(exc))) from exc
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in ("pyspark", "py4j"):
             raise
@@ -91,7 +94,7 @@ def _run(job: Any) -> Any:
         from .writer import cause_of
 
         if type(exc).__name__ in ("AnalysisException", "IllegalArgumentException"):
-            raise click.ClickException(cause_of(exc)) from exc
+            raise click.ClickException(escape_controls(cause_of(exc))) from exc
         raise
 
 
@@ -134,7 +137,7 @@ def spark() -> None:
 @click.option("--payload-col", help="the column whose value is the payload")
 @click.option("--external-key-col", help="the column of chave_externa (cast to a string)")
 @click.option("--tenant-col", help="the integer column of tenant")
-@click.option("--priority", type=int, help="prioridade of every task")
+@click.option("--priority", type=Number(PRIORITY), help="prioridade of every task")
 @click.option("--priority-col", help="the integer column of prioridade")
 @click.option("--run-at", type=click.DateTime(), help="when the tasks are due (UTC)")
 @click.option("--run-at-col", help="the timestamp column of the due time")
@@ -197,8 +200,8 @@ def enqueue(
 @spark.command()
 @_common_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="output folder")
-@click.option("--partitions", type=click.IntRange(min=1), help="JDBC read partitions")
-@click.option("--slowest", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--partitions", type=Number(SPARK_PARTITIONS), help="JDBC read partitions")
+@click.option("--slowest", default=20, show_default=True, type=Number(SPARK_LISTED))
 def report(
     url: str | None,
     table: str,
@@ -235,12 +238,12 @@ def report(
 @click.option("--path", required=True, help="the archive dataset (a folder, hdfs://, s3a://...)")
 @click.option(
     "--retention-days",
-    type=click.FloatRange(min=0, max=36600),
+    type=Number(RETENTION_DAYS),
     help=f"archive families older than this [default: {RETENTION_VARIABLE}]",
 )
-@click.option("--chunk-families", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option("--chunk-families", default=1000, show_default=True, type=Number(CHUNK_FAMILIES))
 @click.option("--format", "file_format", default="parquet", show_default=True)
-@click.option("--partitions", type=click.IntRange(min=1), help="JDBC read partitions")
+@click.option("--partitions", type=Number(SPARK_PARTITIONS), help="JDBC read partitions")
 def archive(
     url: str | None,
     table: str,
@@ -297,6 +300,6 @@ def _retention(days: float | None) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigurationError(f"{RETENTION_VARIABLE}={raw!r}: a number of days") from None
-    if not 0 <= value <= 36600:
-        raise ConfigurationError(f"{RETENTION_VARIABLE}={raw!r}: 0 to 36600 days")
+    if not RETENTION_DAYS.contains(value):
+        raise ConfigurationError(f"{RETENTION_VARIABLE}={raw!r}: {RETENTION_DAYS.describe()}")
     return value

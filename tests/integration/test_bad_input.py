@@ -200,6 +200,8 @@ WORKER = "tests.support.app:RecordingWorker"
 BIGGEST_ID = str(2**63 - 1)
 #: (command line, the option its one error line names): every number the
 #: commands take, out of its range
+#: what `sqla-queue spark enqueue` needs besides the number under test
+SPARK_INPUT = ["in.parquet", "--table", "t", "--process", "p"]
 BAD_NUMBERS: list[tuple[list[str], str]] = [
     *(
         (["status", WORKER, "--task", value], "--task")
@@ -234,6 +236,24 @@ BAD_NUMBERS: list[tuple[list[str], str]] = [
     ),
     (["server", "--notify-port", "-1"], "--notify-port"),
     (["server", "--lock-port", "65536"], "--lock-port"),
+    *(
+        (["spark", "enqueue", *SPARK_INPUT, "--priority", v], "--priority")
+        for v in ("2147483648", "1e400", "nan")
+    ),
+    *(
+        (["spark", "report", "--table", "t", "--out", "o", option, v], option)
+        for option, v in (("--partitions", "0"), ("--partitions", "1e400"), ("--slowest", "-1"))
+    ),
+    *(
+        (["spark", "archive", "--table", "t", "--path", "p", option, v], option)
+        for option, v in (
+            ("--retention-days", "1e400"),
+            ("--retention-days", "nan"),
+            ("--retention-days", "-1"),
+            ("--chunk-families", "0"),
+            ("--partitions", "inf"),
+        )
+    ),
 ]
 
 
