@@ -746,9 +746,10 @@ CATALOGUE: tuple[Setting, ...] = (
     _s(
         "orm_fast_insert",
         _OTHER,
-        "`session.add(Task(...))`: the flush hook writes each new task itself, with one "
-        "Core INSERT, and hands the object to the session as a flushed one "
-        "(docs/payload.md). `false`: the ORM's unit of work writes it.",
+        "`session.add(Task(...))`: the flush hook writes the new tasks itself, with a Core "
+        "INSERT per run of tasks giving the same columns, and hands each object to the "
+        "session as a flushed one (docs/payload.md). `false`: the ORM's unit of work writes "
+        "them.",
         env=("SQLA_QUEUE_ORM_FAST_INSERT",),
         kind=Flag(),
         default=True,

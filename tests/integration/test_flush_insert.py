@@ -145,3 +145,48 @@ def test_a_bad_fast_insert_flag_is_one_clear_error_and_nothing_is_written(
         session.add(app.Task(process="faturar", payload={"n": 2}))
     with Session(engine) as session:
         assert [t.payload for t in session.scalars(select(app.Task))] == [{"n": 2}]
+
+
+def test_consecutive_tasks_giving_the_same_columns_share_one_insert_and_keep_their_order(
+    engine: Engine, app: App, installed: None, inserts: list[str]
+) -> None:
+    """Tasks added together are written a run at a time (consecutive tasks
+    giving the same columns: one statement), their ids in the order they
+    were added, whatever the runs; each object gets its own row's id."""
+    with Session(engine) as session, session.begin():
+        tasks = [
+            app.Task(process="faturar", payload={"n": 0}),
+            app.Task(process="faturar", payload={"n": 1}),
+            app.Task(process="faturar", payload={"n": 2}, external_key="k2"),  # other columns
+            app.Task(process="faturar", payload={"n": 3}),
+            app.Task(process="faturar", payload={"n": 4}),
+            app.Task(process="faturar", payload={"n": 5}),
+        ]
+        session.add_all(tasks)
+        session.flush()
+        assert all(inspect(task).persistent for task in tasks)
+        ids = [task.id for task in tasks]
+    assert ids == sorted(ids) and len(set(ids)) == 6
+    assert len(inserts) <= 6
+    with Session(engine) as session:
+        stored = {t.id: (t.payload, t.external_key) for t in session.scalars(select(app.Task))}
+    assert [stored[i] for i in ids] == [
+        ({"n": 0}, None),
+        ({"n": 1}, None),
+        ({"n": 2}, "k2"),
+        ({"n": 3}, None),
+        ({"n": 4}, None),
+        ({"n": 5}, None),
+    ]
+
+
+# SQLite runs a run's rows one statement each (local calls, no round trip)
+@pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=True)
+def test_a_run_of_tasks_is_one_statement_on_a_server(
+    engine: Engine, app: App, installed: None, inserts: list[str]
+) -> None:
+    with Session(engine) as session, session.begin():
+        session.add_all(app.Task(process="faturar", payload={"n": n}) for n in range(2))
+        session.add(app.Task(process="faturar", payload={"n": 2}, external_key="k2"))
+        session.add_all(app.Task(process="faturar", payload={"n": n}) for n in range(3, 6))
+    assert len(inserts) == 3  # [0, 1], [2], [3, 4, 5]
