@@ -81,7 +81,7 @@ logger = logging.getLogger("sqla_queue.worker")
 
 RECONNECT_DELAY_SECONDS = 2.0
 #: the most tasks a lane claims while another lane waits for work
-SHARED_CLAIM = 2
+SHARED_CLAIM = 1
 LISTEN_READY_TIMEOUT_SECONDS = 10.0
 
 
@@ -436,12 +436,13 @@ class Runner:
                 # reconnect, whatever the schedule and the lock say
                 self._run_routine("rescue")
             while not self.stopping.is_set():
-                # while another lane waits for work, take two tasks at most:
-                # two found means more may wait, and the full claim wakes that
-                # lane; tasks that arrive together then run side by side, not
-                # one after another in this lane (a slow one's waiting
-                # batch-mate is handed back to the waiting lane: commitwatch.py),
-                # and a lone task costs one claim
+                # while another lane waits for work, take one task: found, more
+                # may wait, and the full claim wakes that lane; tasks that
+                # arrive together then run side by side, none waiting behind
+                # a neighbour in this lane (with two, a slow task's batch-mate
+                # waited for its hand-back: docs/benchmarks.md); a lone task
+                # costs two more claims, empty (the woken lane's, and this
+                # lane's after it)
                 batch = SHARED_CLAIM if self.wake.waiting else limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
