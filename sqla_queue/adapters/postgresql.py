@@ -650,21 +650,19 @@ class PostgresAdapter(Adapter):
         claim then sets the plan settings for its own transaction."""
         if not self.task_locks or conn.info.get(_PROXIED):
             return conn
-        record = conn.connection
-        if not record.info.get(_SESSION_MARK):
-            pool = conn.engine.pool
-            if not event.contains(pool, "checkin", _reset_session):
-                event.listen(pool, "checkin", _reset_session)
-            names = _session_settings(conn.dialect.server_version_info)
-            if self.dead_peer_seconds is not None:
-                # our own transactions are short: one a cut-off worker left
-                # open ends with its session within the bound (liveness.py)
-                bound = str(int(self.dead_peer_seconds * 1000))
-                names.append(("idle_in_transaction_session_timeout", bound))
-            with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
-                for name, value in names:
-                    conn.execute(text("SELECT set_config(:n, :v, false)"), {"n": name, "v": value})
-            record.info[_SESSION_MARK] = [name for name, _ in names]
+        names = _session_settings(conn.dialect.server_version_info)
+        if self.dead_peer_seconds is not None:
+            # our own transactions are short: one a cut-off worker left
+            # open ends with its session within the bound (liveness.py)
+            bound = str(int(self.dead_peer_seconds * 1000))
+            names.append(("idle_in_transaction_session_timeout", bound))
+
+        def apply(conn: Connection) -> list[str]:
+            for name, value in names:
+                conn.execute(text("SELECT set_config(:n, :v, false)"), {"n": name, "v": value})
+            return [name for name, _ in names]
+
+        _set_once_per_session(conn, apply)
         return conn
 
     # ------------------------------------------------------------ vacuum
@@ -768,15 +766,9 @@ class PostgresAdapter(Adapter):
         (the server's sessions are the pooler's there)."""
         if conn.info.get(_PROXIED):
             return
-        record = conn.connection
-        if record.info.get(_SESSION_MARK):
-            return
-        pool = conn.engine.pool
-        if not event.contains(pool, "checkin", _reset_session):
-            event.listen(pool, "checkin", _reset_session)
-        with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
-            names = conn.execute(_LANE_SESSION_SETTINGS).scalars().all()
-        record.info[_SESSION_MARK] = list(names)
+        _set_once_per_session(
+            conn, lambda conn: list(conn.execute(_LANE_SESSION_SETTINGS).scalars())
+        )
 
     def guard_dead_peers(self, engine: Engine, *, server_side: bool = True) -> None:
         """libpq's keepalive and ``tcp_user_timeout`` parameters on every new
@@ -1032,6 +1024,21 @@ def _local_port(dbapi_connection: Any) -> Any:
             return int(sock.getsockname()[1])
     except OSError:
         return _UNKNOWN
+
+
+def _set_once_per_session(conn: Connection, apply: Callable[[Connection], list[str]]) -> None:
+    """Run ``apply`` (session settings; the names it set) once per server
+    session of ``conn``, the names kept for :func:`_reset_session` at the
+    pool's check-in."""
+    record = conn.connection
+    if record.info.get(_SESSION_MARK):
+        return
+    pool = conn.engine.pool
+    if not event.contains(pool, "checkin", _reset_session):
+        event.listen(pool, "checkin", _reset_session)
+    with conn.begin() if not conn.in_transaction() else contextlib.nullcontext():
+        names = apply(conn)
+    record.info[_SESSION_MARK] = names
 
 
 def _reset_session(dbapi_connection: Any, record: Any) -> None:

@@ -443,7 +443,7 @@ class Runner:
                 # waited for its hand-back: docs/benchmarks.md); a lone task
                 # costs two more claims, empty (the woken lane's, and this
                 # lane's after it)
-                batch = SHARED_CLAIM if self.wake.waiting else limit.value
+                batch = SHARED_CLAIM if self._spare() else limit.value
                 tasks = manager.claim(claim_conn, limit=batch)
                 if tasks:
                     promoted_since = False
