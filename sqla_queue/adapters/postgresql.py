@@ -795,6 +795,10 @@ class PostgresAdapter(Adapter):
     ) -> list[LockHolder]:
         # a pair of int4 keys shows in pg_locks as (classid, objid) as oids
         names = {key & 0xFFFFFFFF: name for key, name in keys.items()}
+        # pg_stat_activity is read once per transaction and kept: a caller that
+        # read it before (the vacuum horizon) would join today's locks to
+        # sessions as they were then (a lock's session not yet named)
+        conn.execute(_CLEAR_STATS_SNAPSHOT)
         rows = conn.execute(
             _ROUTINE_LOCK_HOLDERS, {"ns": self.maintenance_lock_namespace & 0xFFFFFFFF}
         ).all()
@@ -912,6 +916,8 @@ def _session_settings(version: tuple[Any, ...] | None) -> list[tuple[str, str]]:
     major = tuple(version or (0,))[:1]
     return [(name, value) for name, value, since in SESSION_SETTINGS if major >= since]
 
+
+_CLEAR_STATS_SNAPSHOT = text("SELECT pg_stat_clear_snapshot()")
 
 #: the routine locks held (advisory, a pair of int4 keys: the queue's
 #: maintenance namespace and the routine's key), with their sessions

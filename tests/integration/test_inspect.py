@@ -24,7 +24,11 @@ from sqlalchemy import Engine, Table, false, func, select, true, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, TaskNotFoundError, TaskStateError
+from sqla_queue.adapters import adapter_for
+from sqla_queue.adapters.locks import routine_key
 from sqla_queue.inspect import STATES, queue_status, task_timeline
+from sqla_queue.maintenance import routine_lock_for
+from sqla_queue.mixins import channel_of
 from sqla_queue.redaction import escape_controls, escape_json_line
 from sqla_queue.settings import Settings
 from sqla_queue.testing import run_until_empty
@@ -530,6 +534,33 @@ def test_status_shows_which_routine_lock_is_held_by_whom(engine: Engine, app: Ap
         thread.join(10)
     # given back at the stop
     assert queue_status(engine, app.Task).routine_locks == []
+
+
+def test_a_lock_taken_after_the_status_read_the_session_list_shows_its_worker(
+    engine: Engine, app: App
+) -> None:
+    """queue_status reads the session list for the vacuum horizon before the
+    locks; PostgreSQL keeps that first read for the transaction, so a lock
+    whose session was named after it was shown with no worker (seen in CI
+    under load). The holders are read from the session list as it is now."""
+    table = app.Task.__table__
+    adapter = adapter_for(engine.dialect, table, channel_of(app.Task, table))
+    lock = routine_lock_for(engine, adapter)
+    if hasattr(lock, "owner"):
+        lock.owner = "worker-late"
+    try:
+        with engine.connect() as conn, conn.begin():
+            adapter.table_health(conn)  # the session list, read first
+            assert lock.try_acquire("schedule")
+            holders = adapter.routine_lock_holders(conn, keys={routine_key("schedule"): "schedule"})
+        if engine.dialect.name == "sqlite":
+            assert holders == []
+            return
+        assert [h.routine for h in holders] == ["schedule"]
+        if engine.dialect.name == "postgresql":
+            assert holders[0].worker == "worker-late"
+    finally:
+        lock.release("schedule")
 
 
 # ------------------------------------------------------------ hostile text
