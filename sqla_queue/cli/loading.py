@@ -24,7 +24,10 @@ def _import(spec: str, what: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise WorkerImportError(f"cannot import {module_name!r}: {exc}") from exc
-    return getattr(module, name, None)
+    found = getattr(module, name, None)
+    if found is None:
+        raise WorkerImportError(f"module {module_name!r} has no {name!r}")
+    return found
 
 
 def load_worker(spec: str) -> type[WorkerBase]:

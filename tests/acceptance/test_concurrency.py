@@ -337,6 +337,19 @@ def test_cli_reports_a_worker_that_is_not_a_worker_class(tmp_path: Path) -> None
     assert_clear_error(proc, "Error: 'tests.support.app:Effect' is not a WorkerBase subclass")
 
 
+def test_cli_reports_a_worker_class_the_module_does_not_have(tmp_path: Path) -> None:
+    """Not "is not a WorkerBase subclass": the class is not there at all."""
+    proc = run_cli(
+        "worker",
+        "tests.support.app:NoSuchWorker",
+        "--url",
+        f"sqlite:///{tmp_path / 'q.db'}",
+        "--burst",
+        check=False,
+    )
+    assert_clear_error(proc, "Error: module 'tests.support.app' has no 'NoSuchWorker'")
+
+
 def test_cli_reports_an_unparseable_database_url() -> None:
     proc = run_cli("worker", RECORDING, "--url", "not a url", "--burst", check=False)
     assert_clear_error(proc, "Error: invalid database URL")
