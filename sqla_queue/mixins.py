@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import inspect
+import warnings
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from sqlalchemy import (
     DDL,
     BigInteger,
     Boolean,
+    Column,
     Index,
     Integer,
     String,
@@ -221,6 +224,10 @@ class QueueMixin:
     # span that enqueued the task, when sqla_queue.tracing is instrumented;
     # the worker's span for the task is its child. Retries keep it.
     trace_context: Mapped[str | None] = mapped_column("trace_context", Text)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        as_model_fields(cls, QueueMixin)
 
     @hybrid_property
     def payload(self) -> Any:
@@ -448,7 +455,7 @@ def add_queue_schema(
     # On PostgreSQL a hash index on payload_hash alone: its entries are a
     # 4-byte hash code and a row pointer (a B-tree's hold the 64-byte hex
     # digest, the external key and the status, on pages split half empty
-    # by random keys), about a quarter of the bytes per finished task
+    # by random keys), a fraction of the bytes per finished task
     # without vacuum; the look-up's other conditions are checked on the few
     # rows with the same hash. Elsewhere the B-tree (MariaDB and SQLite
     # have no hash index on disk). docs/benchmarks.md, (g).
@@ -546,10 +553,10 @@ def equivalence_criteria(
 #: at full speed, and analyses it as often. fillfactor stays at 100 (set,
 #: so that the statement also resets a table made with this library's
 #: earlier 90): the status changes are never HOT updates (the partial
-#: indexes depend on status), and in a 3-minute long-horizon run without
-#: vacuum the heap took 9.3 MB at 100 against 15.4 MB at 90 for the same
-#: 36,000 tasks, the same latency (docs/benchmarks.md, (g)). Page pruning
-#: still frees room for the heartbeat's HOT lease renewals.
+#: indexes depend on status), and in a long-horizon run without vacuum
+#: the heap stayed smaller at 100 than at 90 for the same tasks, at the
+#: same latency (docs/benchmarks.md, (g)). Page pruning still frees room
+#: for the heartbeat's HOT lease renewals.
 STORAGE_PARAMETERS: tuple[tuple[str, str], ...] = (
     ("fillfactor", "100"),
     ("autovacuum_vacuum_threshold", "1000"),
@@ -650,7 +657,7 @@ def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
     if mapper.inherits is None and "eager_defaults" not in _mapper_args(cls):
         # The INSERT returns the id only; the server defaults (data_hora,
         # tentativa, prioridade...) load on first access. Fetching them with
-        # RETURNING cost ~90 us per ORM enqueue, for values a task is rarely
+        # RETURNING slowed every ORM enqueue, for values a task is rarely
         # read back for before its commit expires them. Set here, not as the
         # mixin's __mapper_args__, which subclasses of the model would inherit.
         mapper.eager_defaults = False
@@ -659,3 +666,101 @@ def _configure_queue_table(mapper: Mapper[Any], cls: type[QueueMixin]) -> None:
 def _mapper_args(cls: type) -> Mapping[str, Any]:
     args = getattr(cls, "__mapper_args__", None)
     return args if isinstance(args, Mapping) else {}
+
+
+# ---------------------------------------------------------------- SQLModel
+def _is_sqlmodel(cls: type) -> bool:
+    return any(base.__module__.split(".")[0] == "sqlmodel" for base in cls.__mro__[1:])
+
+
+def as_model_fields(cls: Any, mixin: type) -> None:
+    """``mixin``'s columns as fields of ``cls`` when ``cls`` is a SQLModel
+    model (``class Task(QueueMixin, SQLModel, table=True)``).
+
+    SQLModel builds a table model's columns from its pydantic fields, and
+    pydantic can neither read ``Mapped[...]`` nor set an attribute that is
+    not a field; so each column of the mixin becomes, on the subclass, a
+    field of the annotation's Python type whose ``sa_column`` is a fresh
+    copy of the mixin's column (name, type, defaults), and the constructor
+    takes the mixin's other settable attributes (``payload``) as before.
+    Called from ``__init_subclass__``: before pydantic reads the fields."""
+    if not _is_sqlmodel(cls) or "__sqla_queue_fields__" in cls.__dict__:
+        return
+    from sqlmodel import Field  # the user's: present whenever cls is a SQLModel
+
+    # pydantic warns of a field named like an attribute of a parent: here
+    # the field is that attribute, made a field on purpose
+    warnings.filterwarnings(
+        "ignore",
+        message=rf'Field name ".*" in ".*" shadows an attribute in parent "{mixin.__name__}"',
+        category=UserWarning,
+    )
+
+    hints = _mixin_hints(mixin)
+    own = inspect.get_annotations(cls)
+    for name, attribute in vars(mixin).items():
+        column = getattr(attribute, "column", None)
+        if not isinstance(column, Column) or name in own:
+            continue
+        python_type = hints[name]
+        default = getattr(column.default, "arg", None)
+        # Optional[...], not "| None": Python 3.10's typing.Any has no "|"
+        optional = Optional[python_type]  # type: ignore[valid-type]  # noqa: UP045
+        cls.__annotations__[name] = optional if default is None else python_type
+        setattr(cls, name, Field(default=default, sa_column=_copy_column(column)))
+    cls.__sqla_queue_fields__ = True  # type: ignore[attr-defined]
+    _take_keywords(cls, mixin)
+
+
+def _mixin_hints(mixin: type) -> dict[str, Any]:
+    """The Python type inside each ``Mapped[...]`` annotation of ``mixin``."""
+    import typing
+
+    hints = typing.get_type_hints(mixin, include_extras=False)
+    return {
+        name: typing.get_args(hint)[0]
+        for name, hint in hints.items()
+        if typing.get_origin(hint) is Mapped
+    }
+
+
+def _copy_column(column: Column[Any]) -> Column[Any]:
+    server_default = column.server_default
+    return Column(
+        column.name,
+        column.type,
+        primary_key=column.primary_key,
+        nullable=column.nullable,
+        autoincrement=column.autoincrement,
+        server_default=getattr(server_default, "arg", None),
+        default=getattr(column.default, "arg", None),
+    )
+
+
+def _take_keywords(cls: Any, mixin: type) -> None:
+    """``mixin``'s settable attributes that are not columns (``payload``):
+    taken by the constructor, which SQLModel's own drops, and set through
+    their setter, which pydantic's ``__setattr__`` does not call."""
+    setters = {
+        name: attribute.fset
+        for name, attribute in vars(mixin).items()
+        if isinstance(attribute, hybrid_property) and attribute.fset is not None
+    }
+    if not setters:
+        return
+    init, setattr_ = cls.__init__, cls.__setattr__
+
+    def __init__(self: Any, **values: Any) -> None:
+        later = {name: values.pop(name) for name in setters.keys() & values.keys()}
+        init(self, **values)
+        for name, value in later.items():
+            setters[name](self, value)
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if name in setters:
+            setters[name](self, value)
+        else:
+            setattr_(self, name, value)
+
+    cls.__init__ = __init__
+    cls.__setattr__ = __setattr__

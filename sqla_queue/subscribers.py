@@ -26,6 +26,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, Index, String, Table, event, t
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
 from .identifiers import derived_identifier, validate_identifier
+from .mixins import as_model_fields
 from .records import SeedColumns
 from .types import UtcDateTime, utc_now
 
@@ -37,6 +38,10 @@ class SubscriberMixin:
 
     if TYPE_CHECKING:
         __table__: ClassVar[Table]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        as_model_fields(cls, SubscriberMixin)  # a SQLModel model's fields
 
     id: Mapped[str] = mapped_column("id", String(100), primary_key=True)
     tenant: Mapped[int | None] = mapped_column("tenant", BigInteger)

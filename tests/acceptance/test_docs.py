@@ -94,3 +94,28 @@ def test_the_pubsub_example_runs_with_a_url_that_names_no_driver(tmp_path: Path)
         )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "indexed order 42" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("heading", "printed"),
+    [
+        ("## SQLModel (and FastAPI)", "1 [('sucesso', 'billed 42')]"),
+        ("## Flask-SQLAlchemy", "1 ['sucesso']"),
+    ],
+)
+def test_the_frameworks_examples_run_as_written(heading: str, printed: str, tmp_path: Path) -> None:
+    """docs/frameworks.md: a SQLModel model and a Flask-SQLAlchemy model with
+    QueueMixin, enqueued in the framework's session and run by the worker."""
+    script = tmp_path / "app.py"
+    script.write_text(_code_block("frameworks.md", heading))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == printed
+    assert "Warning" not in done.stderr, done.stderr
