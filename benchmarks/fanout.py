@@ -71,7 +71,7 @@ def main() -> int:
                     for n in range(args.subscribers)
                 ],
             )
-        runner = Runner(Worker(), engine=engine, settings=Settings())
+        runner = Runner.for_worker(Worker(), engine=engine, settings=Settings())
         manager = runner.manager
         times = []
         with runner.adapter.connect_claim(engine) as claim, engine.connect() as work:

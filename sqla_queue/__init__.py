@@ -37,8 +37,6 @@ from .settings import Settings, normalize_url
 from .subscribers import SubscriberMixin, SubscriptionRecord
 from .unique import Unique, duplicate_of
 from .worker import (
-    QueueApp,
-    Runner,
     SubscriberWebhook,
     WorkerBase,
     WorkerPubSubBase,
@@ -49,6 +47,8 @@ from .worker import (
 
 if TYPE_CHECKING:
     from .aio import AsyncQueueClient as AsyncQueueClient
+    from .worker.app import QueueApp as QueueApp
+    from .worker.runner import Runner as Runner
 
 __version__ = "0.1.0"
 
@@ -102,4 +102,10 @@ def __getattr__(name: str) -> Any:
         from .aio import AsyncQueueClient
 
         return AsyncQueueClient
+    # and the running worker's parts: a command that only acts on rows
+    # (worker/operator.py) skips them
+    if name in ("QueueApp", "Runner"):
+        from . import worker
+
+        return getattr(worker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

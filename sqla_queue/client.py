@@ -19,18 +19,17 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Table, select, union_all
+from sqlalchemy import Connection, Table
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from . import unique
 from .adapters import Adapter, adapter_of
 from .exceptions import ConfigurationError
 from .identifiers import split_table_name
-from .mixins import DEFAULT_PRIORITY, QueueMixin, Status, equivalence_criteria
+from .mixins import COLUMN_NAMES, DEFAULT_PRIORITY, QueueMixin, Status
 from .payload import hash_payload, serialize_payload
 from .payload_keys import values_for
 from .records import TaskRecord
-from .rows import ENGLISH_COLUMNS
 from .stamps import fill as fill_stamps
 from .types import utcnow
 from .validation import check_columns
@@ -53,7 +52,19 @@ _SEED_PARAMETERS = (
     "data_hora",
     "prioridade",
 )
-_ALIASES = ENGLISH_COLUMNS
+#: the seed parameters' English names (QueueClient and the models take both)
+_ALIASES = {
+    name: COLUMN_NAMES[name]
+    for name in (
+        "origin",
+        "destination",
+        "process",
+        "external_key",
+        "company_group",
+        "run_at",
+        "priority",
+    )
+}
 
 
 class _ClientBase(DeclarativeBase):
@@ -371,8 +382,7 @@ class QueueClient:
         payload_hash = hash_payload(serialize_payload(values.get("payload")))
         if payload_hash is None:
             return []
-        c = self.table.c
-        criteria = [c.payload_hash == payload_hash]
+        equal: dict[str, Any] = {"payload_hash": payload_hash}
         for column in (
             "chave_externa",
             "origem",
@@ -381,17 +391,10 @@ class QueueClient:
             "tenant",
             "grupo_empresarial",
         ):
-            value = values.get(column)
-            criteria.append(c[column].is_(None) if value is None else c[column] == value)
-        # one query per index that holds the statuses asked for
-        parts = [
-            select(self.table).where(*criteria, arm) for arm in equivalence_criteria(c, statuses)
-        ]
-        if not parts:
-            return []
-        query = parts[0] if len(parts) == 1 else union_all(*parts).subquery().select()
-        rows = self.connection.execute(query.order_by(query.selected_columns.id))
-        return TaskRecord.from_rows(list(rows.keys()), rows.all())
+            equal[column] = values.get(column)
+        conn = self.connection
+        rows = self._adapter(conn).task_equivalents(conn, equal=equal, statuses=statuses)
+        return TaskRecord.from_rows(list(rows[0]._fields), rows) if rows else []
 
 
 _ASYNCIO = "sqlalchemy.ext.asyncio."

@@ -48,11 +48,11 @@ from sqlalchemy import (
     Text,
     event,
     inspect,
-    select,
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
+from .adapters.configuration import SettingRows
 from .catalog import SCHEMA_WIDE, TableRow
 from .identifiers import split_table_name, validate_identifier
 from .mixins import QueueMixin
@@ -328,16 +328,16 @@ def read_rows(
     if not inspector.has_table(table.name, schema=table.schema):
         return None
     columns = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
-    c = table.c
-    fields = (c.setting_name, c.value, c.unit, c.casted_as, c.note)
+    # read before any adapter exists (its settings come from here): the
+    # statements' part is built here, not taken from an adapter
+    statements = SettingRows(table)
     if "queue_name" not in columns:
         # a table without the column: every row, scope None
-        rows = [(*row, None) for row in conn.execute(select(*fields))]
+        rows = statements.rows(conn, queues=None)
     else:
         scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
-        query = select(*fields, c.queue_name).where(c.queue_name.in_(scopes))
         # the queue's own rows last: they win over the schema-wide ones
-        rows = sorted(conn.execute(query), key=lambda row: row[5] != SCHEMA_WIDE)
+        rows = sorted(statements.rows(conn, queues=scopes), key=lambda row: row[5] != SCHEMA_WIDE)
     return {
         str(name): TableRow(str(name), value, unit, casted_as, note, scope)
         for name, value, unit, casted_as, note, scope in rows

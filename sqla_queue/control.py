@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from sqlalchemy import Connection
 
 from .adapters import Adapter
-from .adapters.actions import ActionQueries
-from .adapters.inspection import InspectionQueries
 from .exceptions import TaskNotFoundError, TaskStateError
 from .mixins import Status
 from .rows import CANCELLED_MESSAGE
@@ -33,16 +31,8 @@ __all__ = ["CANCEL_CHUNK", "Cancelled", "cancel_process", "cancel_task", "retry_
 #: a process's waiting tasks are cancelled this many per statement
 CANCEL_CHUNK = 1_000
 
-_queries: dict[int, ActionQueries] = {}
 # no older_than: every waiting task, scheduled ones far ahead included
 _NO_BOUND = dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def _actions(adapter: Adapter) -> ActionQueries:
-    queries = _queries.get(id(adapter))
-    if queries is None or queries.adapter is not adapter:
-        queries = _queries[id(adapter)] = ActionQueries(adapter)
-    return queries
 
 
 @dataclass(frozen=True)
@@ -57,7 +47,7 @@ class Cancelled:
 def _chain_key(conn: Connection, adapter: Adapter, task_id: int) -> tuple[int, str | None]:
     """The chain of the row ``task_id`` (its first attempt's id) and that
     row's status."""
-    row = InspectionQueries(adapter).task_row(conn, task_id=task_id)
+    row = adapter.inspection.task_row(conn, task_id=task_id)
     if row is None:
         raise TaskNotFoundError(f"no task {task_id} in {adapter.table.name}")
     return row.id_inicial or row.id, row.status
@@ -69,7 +59,7 @@ def cancel_task(conn: Connection, adapter: Adapter, task_id: int) -> Cancelled:
     :class:`~sqla_queue.exceptions.TaskStateError` when nothing of its
     chain waits (it runs, or it has finished)."""
     key, status = _chain_key(conn, adapter, task_id)
-    actions = _actions(adapter)
+    actions = adapter.actions
     waiting = actions.waiting_of_chain(conn, key=key)
     count = actions.cancel(conn, ids=waiting, message=CANCELLED_MESSAGE) if waiting else 0
     if count:
@@ -91,7 +81,7 @@ def cancel_process(
     (``data_hora_inicial``) is more than ``older_than`` ago.
     Call again until it cancels nothing (the command commits each call)."""
     before = _NO_BOUND if older_than is None else (now or utcnow()) - older_than
-    actions = _actions(adapter)
+    actions = adapter.actions
     waiting = actions.waiting_of_process(conn, process=process, before=before, limit=limit)
     if not waiting:
         return Cancelled((), 0)
@@ -106,7 +96,7 @@ def retry_now(conn: Connection, adapter: Adapter, task_id: int) -> int:
     woken (on PostgreSQL, at commit). Returns that attempt's id; raises
     :class:`~sqla_queue.exceptions.TaskStateError` when none is scheduled."""
     key, status = _chain_key(conn, adapter, task_id)
-    actions = _actions(adapter)
+    actions = adapter.actions
     for attempt_id in actions.waiting_of_chain(conn, key=key):
         if actions.run_now(conn, task_id=attempt_id):
             if adapter.supports_notify:

@@ -56,6 +56,7 @@ from sqlalchemy.orm import (
 )
 
 from . import unique
+from .adapters.sqla_private import embedded_values
 from .exceptions import NotInstalledError, UnpreparedTaskError
 from .mixins import PREPARED_ROW, QueueMixin, Status, pending_payload
 from .payload import hash_payload, serialize_payload
@@ -305,11 +306,7 @@ def _prepare_orm_dml(state: ORMExecuteState) -> Result[Any] | None:
     if not _is_installed(state.session):
         raise NotInstalledError()
     statement: Any = state.statement
-    embedded = (
-        getattr(statement, "_values", None)
-        or getattr(statement, "_multi_values", None)
-        or getattr(statement, "select", None) is not None
-    )
+    embedded = embedded_values(statement) or getattr(statement, "select", None) is not None
     if not state.parameters or embedded:
         raise UnpreparedTaskError(
             "sqla-queue prepares an ORM INSERT of tasks from its parameters only: "
@@ -333,7 +330,7 @@ def _refuse_payload_update(state: ORMExecuteState) -> None:
     keys: list[Any] = []
     for row in [parameters] if isinstance(parameters, Mapping) else parameters:
         keys.extend(row)
-    keys.extend(getattr(state.statement, "_values", None) or ())
+    keys.extend(embedded_values(state.statement))
     names = {str(getattr(key, "key", key)) for key in keys}
     if names & {"payload", "payload_text"} and "payload_hash" not in names:
         raise UnpreparedTaskError(

@@ -89,3 +89,9 @@ class TaskStateError(SqlaQueueError):
 class DuplicateTaskError(SqlaQueueError):
     """A unique task is already in the queue (``__queue_unique__``, policy
     ``error``; sqla_queue/unique.py)."""
+
+
+class SQLAlchemyChangedError(SqlaQueueError):
+    """This SQLAlchemy release lacks a private name sqla-queue relies on
+    (sqla_queue/adapters/sqla_private.py): use a SQLAlchemy version that
+    pyproject.toml allows."""

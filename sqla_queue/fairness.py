@@ -54,7 +54,7 @@ from sqlalchemy import Connection, Table
 from .adapters import Adapter
 from .adapters.base import FAIR_KEY
 from .adapters.fairness import FairnessQueries
-from .adapters.limits import LimitQueries, RateBuckets
+from .adapters.limits import RateBuckets
 from .exceptions import ConfigurationError
 from .limits import check_rate, claim_within_rate, soonest, under_lock
 from .mixins import fair_columns
@@ -164,7 +164,7 @@ class FairClaims:
         self.buckets = buckets
         self.limited = key_limit is not None or key_rate is not None
         #: the database's clock, for the key buckets' refill
-        self.clock = LimitQueries(plain) if key_rate is not None else None
+        self.clock = plain.limits if key_rate is not None else None
         self.namespace = zlib.crc32(namespace.encode()) & 0x7FFFFFFF
         #: the key the last claim served last: the next turn starts after it
         self.last: Any = None

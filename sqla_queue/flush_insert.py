@@ -36,6 +36,7 @@ from sqlalchemy.orm import Mapper, Session
 from sqlalchemy.sql import ClauseElement
 
 from .adapters import adapter_of
+from .adapters.sqla_private import can_register_persistent, register_persistent
 from .catalog import EnvFlag
 from .mixins import QueueMixin
 
@@ -67,7 +68,7 @@ def _eligible(mapper: Mapper[Any]) -> bool:
             and mapper.eager_defaults is False
             and not before
             and not list(mapper.dispatch.after_insert)
-            and hasattr(Session, "_register_persistent")
+            and can_register_persistent()
         )
     return known
 
@@ -173,7 +174,7 @@ def _write(session: Session, run: list[tuple[Any, dict[str, Any], list[str]]]) -
     id_key = mapper.get_property_by_column(mapper.primary_key[0]).key
     for (state, _, _), new_id in zip(run, new_ids, strict=True):
         state.dict[id_key] = new_id
-    session._register_persistent({state for state, _, _ in run})
+    register_persistent(session, {state for state, _, _ in run})
     for state, _, filled in run:
         if filled:
             session.expire(state.obj(), filled)

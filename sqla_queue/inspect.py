@@ -352,7 +352,7 @@ def queue_status(
     now = now or utcnow()
     with _connection(bind) as conn:
         adapter = _adapter(conn, table)
-        queries = InspectionQueries(adapter)
+        queries = adapter.inspection
         open_groups = queries.open_groups(conn)
         since = now - dt.timedelta(seconds=window_seconds)
         closed_groups = status_summary.closed_groups(
@@ -368,7 +368,7 @@ def queue_status(
         # the model names its configuration table (__queue_configuration__)
         paused = paused_processes(conn, queue if isinstance(queue, type) else table)
         runs = (
-            last_runs(conn, configuration_table_of(queue), table.name)
+            last_runs(conn, adapter, configuration_table_of(queue))
             if periodic and isinstance(queue, type)
             else {}
         )
@@ -545,7 +545,7 @@ def _adapter(conn: Connection, table: Table) -> Adapter:
 
 
 def _inspection(conn: Connection, table: Table) -> InspectionQueries:
-    return InspectionQueries(_adapter(conn, table))
+    return _adapter(conn, table).inspection
 
 
 def _table_name(table: Table) -> str:

@@ -51,16 +51,13 @@ def new_worker_id() -> str:
 
 @dataclass(frozen=True)
 class LeasePolicy:
-    """How long a claim lasts without a heartbeat, and how often it beats."""
+    """How long a claim lasts without a heartbeat (which beats three times a
+    lease, the shortest held: :class:`Heartbeat`), and how often the rescue looks."""
 
     seconds: float = DEFAULT_LEASE_SECONDS
 
     def __post_init__(self) -> None:
         LEASE_SECONDS.check("lease_seconds", self.seconds)
-
-    @property
-    def heartbeat_seconds(self) -> float:
-        return self.seconds / 3
 
     @property
     def rescue_every_seconds(self) -> float:

@@ -189,6 +189,9 @@ class TaskManager:
         no_retry: tuple[type[BaseException], ...] = (),
         lease_for: Callable[[TaskRecord], float] | None = None,
         hooks: Hooks | None = None,
+        claim_source: ClaimSource | None = None,
+        limited: LimitedClaims | None = None,
+        commit_budget: float = DEFAULT_COMMIT_BUDGET_MS / 1000,
     ) -> None:
         self.adapter = adapter
         #: exceptions that send a task straight to its dead-letter run
@@ -206,15 +209,15 @@ class TaskManager:
         #: claims through this instead: an adapter whose claim skips paused
         #: processes (the same table and locks: pause.py), a fair claim
         #: by key (fairness.py), or both
-        self.claim_source: ClaimSource = PlainClaims(adapter)
+        self.claim_source: ClaimSource = claim_source or PlainClaims(adapter)
         #: the claims of processes with a fleet-wide concurrency limit
         #: (limits.py), made before the others, which leave them out
-        self.limited: LimitedClaims | None = None
+        self.limited = limited
         self.backoff: RetryPolicy = backoff or LinearBackoff()
         self.claims = claims
         self.owner = claims.owner
         self.lease = lease
-        self._joins = JoinPolicy(DEFAULT_COMMIT_BUDGET_MS / 1000)
+        self._joins = JoinPolicy(commit_budget)
 
     @property
     def commit_budget(self) -> float:
@@ -273,14 +276,6 @@ class TaskManager:
                 self.adapter.task_lease_renew(
                     conn, ids=ids, owner=self.owner, lease_seconds=seconds
                 )
-
-    def promote_due(self, conn: Connection) -> int:
-        with conn.begin():
-            return self.adapter.task_promote_due(conn)
-
-    def next_due(self, conn: Connection) -> Any:
-        with conn.begin():
-            return self.adapter.task_next_due(conn)
 
     def warm(self, work_conn: Connection) -> None:
         """Run the completion's statements once on a lane's new work

@@ -22,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import Connection, Table, inspect, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Table, inspect
 
+from .adapters import adapter_of
+from .adapters.configuration import SettingRows
 from .catalog import SCHEMA_WIDE
 from .configuration_table import configuration_table_of, has_queue_name
 from .exceptions import ConfigurationError
@@ -40,12 +41,15 @@ def _split(value: str | None) -> frozenset[str]:
     return frozenset(name.strip() for name in (value or "").split(",") if name.strip())
 
 
-def _of(queue: Any) -> tuple[Table, str]:
+def _of(conn: Connection, queue: Any) -> tuple[Table, SettingRows, str]:
     """The configuration table of a queue model (or of a queue Table: the
-    schema's ``queue_configuration``) and the queue's name."""
+    schema's ``queue_configuration``), its rows' statements and the queue's
+    name."""
     if isinstance(queue, Table):
-        return configuration_table_of(_TableOnly(queue)), queue.name
-    return configuration_table_of(queue), queue.__table__.name
+        table, queue_table = configuration_table_of(_TableOnly(queue)), queue
+    else:
+        table, queue_table = configuration_table_of(queue), queue.__table__
+    return table, adapter_of(conn.dialect, queue_table).settings(table), queue_table.name
 
 
 class _TableOnly:
@@ -57,25 +61,18 @@ def paused_processes(conn: Connection, model: Any) -> frozenset[str]:
     """The processes of ``model``'s queue (a model, or its Table) paused
     now (its own row over the schema-wide one); empty when there is no
     configuration table."""
-    table, queue = _of(model)
+    table, rows, queue = _of(conn, model)
     if not inspect(conn).has_table(table.name, schema=table.schema):
         return frozenset()
-    return _read(conn, table, queue, scoped=has_queue_name(conn, table))
+    return _read(conn, rows, queue if has_queue_name(conn, table) else None)
 
 
-def _read(conn: Connection, table: Table, queue: str, *, scoped: bool) -> frozenset[str]:
-    c = table.c
-    query = select(c.value).where(c.setting_name == PAUSED_SETTING)
-    if not scoped:
-        return _split(conn.execute(query).scalar())
-    rows = dict(
-        conn.execute(
-            select(c.queue_name, c.value).where(
-                c.setting_name == PAUSED_SETTING, c.queue_name.in_([queue, SCHEMA_WIDE])
-            )
-        ).all()
-    )
-    return _split(rows.get(queue, rows.get(SCHEMA_WIDE)))
+def _read(conn: Connection, rows: SettingRows, queue: str | None) -> frozenset[str]:
+    """``queue``: None when the table has no ``queue_name``."""
+    if queue is None:
+        return _split(rows.value(conn, name=PAUSED_SETTING, queue=None))
+    found = rows.values_by_queue(conn, name=PAUSED_SETTING, queues=[queue, SCHEMA_WIDE])
+    return _split(found.get(queue, found.get(SCHEMA_WIDE)))
 
 
 def pause(conn: Connection, model: Any, processes: Iterable[str]) -> frozenset[str]:
@@ -95,20 +92,16 @@ def _change(conn: Connection, model: Any, names: set[str], *, add: bool) -> froz
             raise ConfigurationError(
                 f"process {name!r}: give a processo value (no comma, at most 250 characters)"
             )
-    table, queue = _of(model)
+    table, rows, name = _of(conn, model)
     table.create(conn, checkfirst=True)
-    scoped = has_queue_name(conn, table)
-    c = table.c
-    where = [c.setting_name == PAUSED_SETTING]
-    if scoped:
-        where.append(c.queue_name == queue)
+    queue = name if has_queue_name(conn, table) else None
     for _ in range(2):  # a concurrent first pause inserts the row: then update it
-        current = conn.execute(select(c.value).where(*where).with_for_update()).first()
-        now = _read(conn, table, queue, scoped=scoped) if current is None else _split(current[0])
+        current = rows.value_locked(conn, name=PAUSED_SETTING, queue=queue)
+        now = _read(conn, rows, queue) if current is None else _split(current[0])
         paused = now | names if add else now - names
         value = ",".join(sorted(paused))
         if current is not None:
-            conn.execute(update(table).where(*where).values(value=value))
+            rows.value_set(conn, name=PAUSED_SETTING, queue=queue, value=value)
             return frozenset(paused)
         row = {
             "setting_name": PAUSED_SETTING,
@@ -117,12 +110,8 @@ def _change(conn: Connection, model: Any, names: set[str], *, add: bool) -> froz
             "unit": None,
             "note": "processes no worker claims (sqla-queue pause / resume)",
         }
-        if scoped:
+        if queue is not None:
             row["queue_name"] = queue
-        try:
-            with conn.begin_nested():
-                conn.execute(table.insert().values(**row))
-        except IntegrityError:
-            continue
-        return frozenset(paused)
+        if rows.row_insert(conn, row=row):
+            return frozenset(paused)
     raise ConfigurationError("the paused processes changed twice under this call: try again")

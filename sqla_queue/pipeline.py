@@ -9,9 +9,12 @@ lists and knows nothing of what is in them:
   stage that made calls must have every outcome recorded),
   :meth:`~BatchStage.wrap` around the handler, :meth:`~BatchStage.forget`
   once the batch has ended;
-- middleware (:class:`Middleware`: the time limits), which wraps the
+- middleware (:class:`Middleware`: the time limit), which wraps the
   handler on the batch's connection, outermost last: as procrastinate's
-  middleware, a list of callables nested around the handler.
+  middleware, a list of callables nested around the handler by
+  :func:`compose`. One list for sync and async workers: an async worker's
+  handler returns its coroutine, which the time limit, innermost, awaits
+  (``timelimit.py``); every layer outside it sees a finished call.
 
 The worker's composition root (``worker/app.py``) builds both lists; it
 adds, outermost, the middleware of the parts registered with

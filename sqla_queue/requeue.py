@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, false, select, true
+from sqlalchemy import Connection
 
 from . import unique
 from .adapters import Adapter
@@ -87,18 +87,14 @@ def requeue_dead(
         raise ConfigurationError(f"limit must be a whole number from 1 to {MAX_REQUEUE}")
     if not dry_run:
         adapter.lock_writers(conn)  # SQLite: the heads' FOR UPDATE does nothing
-    c = adapter.table.c
-    heads = select(adapter.table).where(c.dead == true(), c.id_inicial.is_(None))
-    if id_list is not None:
-        heads = heads.where(c.id.in_(id_list) | c.live_id.in_(id_list))
-    if process is not None:
-        heads = heads.where(c.processo == process)
-    if since is not None:
-        heads = heads.where(c.data_hora >= _aware(since))
-    if until is not None:
-        heads = heads.where(c.data_hora < _aware(until))
-    heads = heads.order_by(c.id).limit(limit).with_for_update()
-    found = adapter._fetch_records(conn, heads, {})
+    found = adapter.task_dead_heads(
+        conn,
+        ids=id_list,
+        process=process,
+        since=None if since is None else _aware(since),
+        until=None if until is None else _aware(until),
+        limit=limit,
+    )
     if not found:
         return []
     done = _already_requeued(conn, adapter, found)
@@ -167,19 +163,8 @@ def _link(head: TaskRecord) -> int:
 def _already_requeued(conn: Connection, adapter: Adapter, heads: list[TaskRecord]) -> set[int]:
     """The heads that already have a requeued chain. A locking read: it sees
     what another requeue committed while this one waited for the heads."""
-    c = adapter.table.c
     links = sorted({_link(head) for head in heads})
-    statement = (
-        select(c.id_anterior)
-        .where(
-            c.live_id.in_(links),
-            c.dead == false(),
-            c.id_inicial.is_(None),
-            c.id_anterior.in_([head.id for head in heads]),
-        )
-        .with_for_update(read=True)
-    )
-    return {row[0] for row in conn.execute(statement)}
+    return adapter.task_requeued_of(conn, live_ids=links, head_ids=[head.id for head in heads])
 
 
 def _original_payloads(
@@ -190,9 +175,7 @@ def _original_payloads(
     originals = sorted({head.live_id for head in heads if head.live_id is not None})
     if not originals:
         return {}
-    c = adapter.table.c
-    rows = conn.execute(select(c.id, c.payload).where(c.id.in_(originals)))
-    return {row[0]: row[1] for row in rows}
+    return adapter.task_payloads(conn, ids=originals)
 
 
 def _requeued_row(head: TaskRecord, payloads: dict[int, str | None]) -> dict[str, Any]:

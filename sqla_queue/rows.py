@@ -2,10 +2,10 @@
 
 One place for what every writer of the queue table shares: the seed's
 message texts (its ``mensagem`` values, kept word for word, as
-nsj-queue-lib's workers and dashboards read them), the English names of
-the seed's columns, and the builders of the rows that follow an attempt (a
-retry, a dead-letter run, a requeued chain). The manager, the routines,
-the requeue and the fan-out import them from here.
+nsj-queue-lib's workers and dashboards read them) and the builders of the
+rows that follow an attempt (a retry, a dead-letter run, a requeued chain).
+The manager, the routines, the requeue and the fan-out import them from
+here. (The English names of the columns: ``mixins.COLUMN_NAMES``.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from .redaction import fit_message
 
 __all__ = [
     "CANCELLED_MESSAGE",
-    "ENGLISH_COLUMNS",
     "EXHAUSTED_SUFFIX",
     "NO_RETRY_SUFFIX",
     "NO_SUBSCRIBERS_MESSAGE",
@@ -52,18 +51,6 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 #: a waiting task an operator cancelled (``sqla-queue cancel``); its status
 #: is ``falha`` with ``estouro_tentativas`` false: finished, not dead-lettered
 CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
-
-#: the seed's columns by their English names (QueueClient and the models
-#: take both)
-ENGLISH_COLUMNS = {
-    "origin": "origem",
-    "destination": "destino",
-    "process": "processo",
-    "external_key": "chave_externa",
-    "company_group": "grupo_empresarial",
-    "run_at": "data_hora",
-    "priority": "prioridade",
-}
 
 
 def failure_message(error: str, suffix: str) -> str:

@@ -50,10 +50,8 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
-    delete,
     event,
     inspect,
-    select,
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapper
@@ -126,7 +124,7 @@ def closed_groups(
     store = _store_of(conn, queries.adapter.table, key)
     kept = None if exact else _kept.get(key)
     if kept is None and not exact and store is not None:
-        kept = _load(conn, store)
+        kept = _load(conn, queries, store)
     # open counts first: a row that finishes after this read makes its range
     # differ next time, never the other way round
     open_counts = queries.open_by_range(conn, CHUNK_IDS)
@@ -190,7 +188,7 @@ def closed_groups(
     _kept[key] = _Kept(covered, ranges)
     if store is not None:
         engine, before = conn.engine, kept
-        _pending[key] = lambda: _save(engine, store, covered, ranges, now_epoch, before)
+        _pending[key] = lambda: _save(engine, queries, store, covered, ranges, now_epoch, before)
     return found
 
 
@@ -292,10 +290,10 @@ def _store_of(conn: Connection, table: Table, key: tuple[str, str | None, str]) 
     return _stores[key]
 
 
-def _load(conn: Connection, store: Table) -> _Kept | None:
+def _load(conn: Connection, queries: InspectionQueries, store: Table) -> _Kept | None:
     ranges: dict[int, _Range] = {}
     covered = None
-    for row in conn.execute(select(store)):
+    for row in queries.counts_kept(conn, store=store):
         if row.range_id == _COVERED_ROW:
             covered = row.low
             continue
@@ -315,6 +313,7 @@ def _load(conn: Connection, store: Table) -> _Kept | None:
 
 def _save(
     engine: Engine,
+    queries: InspectionQueries,
     store: Table,
     covered: int,
     ranges: dict[int, _Range],
@@ -351,12 +350,10 @@ def _save(
             "groups_json": "[]",
         }
     )
-    ids = [row["range_id"] for row in rows] + dropped
+    ids = [*written, _COVERED_ROW, *dropped]  # the rows written and those gone
     try:
         with engine.connect() as own, own.begin():
-            for start in range(0, len(ids), 500):
-                own.execute(delete(store).where(store.c.range_id.in_(ids[start : start + 500])))
-            own.execute(store.insert(), rows)
+            queries.counts_keep(own, store=store, rows=rows, drop=ids)
     except SQLAlchemyError:
         pass  # another status wrote them meanwhile, or the table is not writable here
 

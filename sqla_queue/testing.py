@@ -29,21 +29,18 @@ test's transaction (in the task's savepoint); a time limit cancels it.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from .adapters import adapter_of
 from .exceptions import SqlaQueueError
 from .hooks import TASK_DEAD, TASK_FAILED, TASK_RETRIED, TASK_SUCCEEDED, Hooks
 from .mixins import QueueMixin, Status
 from .records import TaskRecord
 from .settings import Settings
-from .timelimit import TimeLimitExceeded
 from .worker.app import QueueApp
 from .worker.base import WorkerBase
 
@@ -121,24 +118,12 @@ class _Here:
         self.session.expire_all()
 
     def _run_async(self, task: TaskRecord, session: Session) -> Any:
-        """An async handler, awaited from the greenlet of the test's
-        ``AsyncSession.run_sync``, on an ``AsyncSession`` of its savepoint."""
-        from sqlalchemy.util import await_only
-
+        """An async handler on an ``AsyncSession`` of its savepoint: its
+        coroutine is awaited, from the greenlet of the test's
+        ``AsyncSession.run_sync``, by the worker's time limit (timelimit.py)."""
         from .worker.aio import async_view
 
-        result = self.worker.dispatch(task, async_view(session))  # type: ignore[arg-type]
-        if not inspect.isawaitable(result):
-            return result
-        limit = self.worker.time_limit_for(task)
-        if limit is None:
-            return await_only(result)
-        try:
-            return await_only(asyncio.wait_for(result, limit))
-        except asyncio.TimeoutError:
-            raise TimeLimitExceeded(
-                f"the handler ran past its time limit of {limit:g} s and was cancelled"
-            ) from None
+        return self.worker.dispatch(task, async_view(session))  # type: ignore[arg-type]
 
     def close(self) -> None:
         self.app.close()
@@ -195,9 +180,8 @@ def work_one(worker_class: type[WorkerBase], session: Session, task: Any) -> Out
             here.conn, ids=[task_id], owner=app.worker_id, lease_seconds=app.lease.seconds
         )
         if not claimed:
-            table = app.adapter.table
-            status = here.conn.execute(select(table.c.status).where(table.c.id == task_id))
-            found = status.scalar()
+            row = app.adapter.inspection.task_row(here.conn, task_id=task_id)
+            found = None if row is None else row.status
             where = "does not exist" if found is None else f"is {found}, not {Status.PENDING}"
             raise SqlaQueueError(f"task {task_id} {where}: work_one runs a ready task")
         here.run(claimed, outcome)
@@ -219,12 +203,8 @@ def enqueued(
     ``payload`` (a subset), with ``status`` (default ``pendente``; None:
     any). ``assert len(enqueued(...)) == 2`` is the usual check."""
     session.flush()
-    query = select(model).order_by(model.id)  # type: ignore[attr-defined]
-    if process is not None:
-        query = query.where(model.process == process)  # type: ignore[attr-defined]
-    if status is not None:
-        query = query.where(model.status == status)  # type: ignore[attr-defined]
-    found = list(session.scalars(query))
+    adapter = adapter_of(session.get_bind(model).dialect, model.__table__)
+    found = adapter.inspection.tasks_of_model(session, model, process=process, status=status)
     if payload is None:
         return found
     wanted = dict(payload)

@@ -30,23 +30,36 @@ the task's limit. Past it, the lane:
 
 What can and cannot be interrupted is in docs/lifecycle.md#time-limits.
 Workers without a time limit run handlers on the lane itself, as before.
+
+A worker whose handlers are coroutines (``worker/aio.py``, and the async
+helpers of ``testing.py``) needs no thread: its handler returns a coroutine,
+which the same :class:`TimeLimiter` (``coroutines=True``) awaits from the
+lane's greenlet, and cancels past the limit (:func:`within`). As the
+cancellation may land inside a statement, the batch's connection is then
+given up (the manager records the failure on a fresh one and hands the
+batch-mates back), as for an abandoned handler; not the caller's own
+connection in ``testing``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
+import inspect
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only
 
 from .adapters.cancel import interrupt_ended_transaction, interrupt_statement, was_cancelled
 from .exceptions import SqlaQueueError
+from .logs import task_fields
 from .pipeline import Handler
 from .records import TaskRecord
 
@@ -57,6 +70,7 @@ __all__ = [
     "TimeLimitExceeded",
     "TimeLimiter",
     "current_attempt",
+    "within",
 ]
 
 logger = logging.getLogger("sqla_queue.worker")
@@ -178,25 +192,64 @@ class _HandlerThread:
 
 class TimeLimiter:
     """Runs handlers under their time limit (``limit_for(task)`` seconds;
-    None: no limit), on helper threads, one per lane thread."""
+    None: no limit): on helper threads, one per lane thread; or, with
+    ``coroutines``, awaits the coroutine a handler returns, cancelled past
+    its limit (see the module). ``give_up_connection``: past the limit, a
+    coroutine's connection is invalidated (False: it is the caller's)."""
 
     def __init__(
         self,
         limit_for: Callable[[TaskRecord], float | None],
         *,
         grace_seconds: float = GRACE_SECONDS,
+        coroutines: bool = False,
+        give_up_connection: bool = True,
+        describe: Callable[[TaskRecord], str] = lambda task: f"task {task.id}",
     ) -> None:
         self.limit_for = limit_for
         self.grace_seconds = grace_seconds
+        self.coroutines = coroutines
+        self.give_up_connection = give_up_connection
+        self.describe = describe
         self._threads: dict[int, _HandlerThread] = {}
         self._mutex = threading.Lock()
 
     def wrap(self, handler: Handler, conn: Connection) -> Handler:
+        if self.coroutines:
+            return self._awaiting(handler)
+
         def limited(task: TaskRecord, session: Session) -> Any:
             limit = self.limit_for(task)
             if limit is None:
                 return handler(task, session)
             return self._call(handler, task, session, limit, conn)
+
+        return limited
+
+    def _awaiting(self, handler: Handler) -> Handler:
+        """``handler``, its coroutine awaited (from the calling greenlet)
+        within the task's limit."""
+
+        def limited(task: TaskRecord, session: Session) -> Any:
+            result = handler(task, session)
+            if not inspect.isawaitable(result):
+                return result
+            try:
+                return await_only(
+                    within(
+                        result,
+                        self.limit_for(task),
+                        task,
+                        grace_seconds=self.grace_seconds,
+                        describe=self.describe,
+                    )
+                )
+            except TimeLimitExceeded:
+                # the cancellation may have landed inside a statement
+                if self.give_up_connection:
+                    with contextlib.suppress(Exception):
+                        session.bind.invalidate()  # type: ignore[union-attr]
+                raise
 
         return limited
 
@@ -285,3 +338,33 @@ class TimeLimiter:
                 raise TimeLimitExceeded("the handler was interrupted") from None
             raise job.error
         return job.result
+
+
+async def within(
+    awaitable: Awaitable[Any],
+    limit: float | None,
+    task: TaskRecord,
+    *,
+    grace_seconds: float = GRACE_SECONDS,
+    describe: Callable[[TaskRecord], str] = lambda task: f"task {task.id}",
+) -> Any:
+    """The result of ``awaitable`` (``task``'s handler), awaited ``limit``
+    seconds at most (None: no limit); past it, cancelled, given
+    ``grace_seconds`` to stop, and :class:`TimeLimitExceeded` raised."""
+    if limit is None:
+        return await awaitable
+    running = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({running}, timeout=limit)
+    if done:
+        return running.result()
+    running.cancel()
+    await asyncio.wait({running}, timeout=grace_seconds)
+    if not running.done():
+        logger.warning(
+            "%s: the handler did not stop within %g s of its cancellation; it is "
+            "abandoned with its connection",
+            describe(task),
+            grace_seconds,
+            extra=task_fields(task),
+        )
+    raise TimeLimitExceeded(f"the handler ran past its time limit of {limit:g} s and was cancelled")

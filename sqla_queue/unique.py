@@ -78,10 +78,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapper, Session
 
+from .adapters import adapter_of
 from .adapters.unique import (
     UniqueQueries,
     live_index_name,
-    live_key_statements,
+    live_key_create,
     refused_by_live_index,
 )
 from .exceptions import ConfigurationError, DuplicateTaskError
@@ -187,8 +188,7 @@ def _create_live_key(table: Table, connection: Any, **kw: Any) -> None:
     """``create_all()``'s (and ``sqla-queue ddl``'s) live-key index, after
     the queue table (adapters/unique.py: partial unique index, or generated
     column and unique index)."""
-    for statement in live_key_statements(table, tuple(policies_of(table)), connection.dialect):
-        connection.execute(statement)
+    live_key_create(connection, table, tuple(policies_of(table)))
 
 
 # every engine: a live-key index's violation is the flush hook's error
@@ -244,7 +244,7 @@ def admit(
     external_key = row.get("chave_externa")
     if rule is None or external_key is None:
         return NOT_UNIQUE
-    queries = _queries(table)
+    queries = _queries(conn, table)
     key = key_of(rule.process, row.get("tenant"), external_key)
     for _ in range(_TRIES):
         queries.reserve(conn, key, now)
@@ -275,11 +275,11 @@ def bind(conn: Connection, table: Table, decision: Decision, task_id: int) -> No
     """The new key of ``decision`` now names task ``task_id``."""
     if decision.key is None or decision.duplicate:
         return
-    _queries(table).bind(conn, decision.key, task_id)
+    _queries(conn, table).bind(conn, decision.key, task_id)
 
 
-def _queries(table: Table) -> UniqueQueries:
-    return UniqueQueries(table, unique_table(table))
+def _queries(conn: Connection, table: Table) -> UniqueQueries:
+    return adapter_of(conn.dialect, table).unique(unique_table(table))
 
 
 def duplicate_of(task: Any) -> int | None:

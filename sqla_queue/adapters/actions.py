@@ -16,7 +16,7 @@ from ..mixins import Status, inline_count, status_is
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
-    from .base import Adapter
+    from .parts import PartOwner
 
 __all__ = ["ActionQueries"]
 
@@ -24,7 +24,7 @@ _WAITING = (Status.PENDING, Status.SCHEDULED)
 
 
 class ActionQueries:
-    def __init__(self, adapter: Adapter) -> None:
+    def __init__(self, adapter: PartOwner) -> None:
         self.adapter = adapter
         table = adapter.table
         c = table.c

@@ -23,10 +23,11 @@ import contextlib
 import contextvars
 import datetime as dt
 import enum
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -35,12 +36,14 @@ from sqlalchemy import (
     and_,
     bindparam,
     exists,
+    false,
     func,
     insert,
     inspect,
     or_,
     select,
     true,
+    union_all,
     update,
 )
 from sqlalchemy.engine import Dialect
@@ -49,13 +52,23 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..exceptions import UnsupportedOperationError
 from ..identifiers import lock_namespace
-from ..mixins import OWN_COLUMNS, Status, inline_count, status_is
+from ..mixins import OWN_COLUMNS, Status, equivalence_criteria, inline_count, status_is
 from ..records import TaskRecord
 from ..rows import SUCCESS_MESSAGE
 from ..types import UtcDateTime, utcnow
-from .unique import duplicate_error, refused_by_live_index
+from .actions import ActionQueries
+from .archive import ArchiveQueries
+from .configuration import SettingRows
+from .fairness import FairnessQueries
+from .inspection import InspectionQueries
+from .limits import LimitQueries
+from .maintenance import MaintenanceQueries
+from .sqla_private import echo_on, events_flagged, invalidate_pooled
+from .unique import UniqueQueries, duplicate_error, refused_by_live_index
 
 __all__ = ["Adapter", "ClaimFilter", "HorizonHolder", "Listener", "LockHolder", "VacuumState"]
+
+_Part = TypeVar("_Part")
 
 PROMOTE_CHUNK = 1000  # due rows made 'pendente' per statement
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -255,15 +268,11 @@ def statements_unobserved(conn: Connection) -> bool:
     nested = conn.get_nested_transaction()
     if not conn.in_transaction() or (nested is not None and not nested.is_active):
         return False
-    if getattr(conn, "_echo", True) or conn.get_execution_options().get("schema_translate_map"):
+    if echo_on(conn) or conn.get_execution_options().get("schema_translate_map"):
         return False
     # SQLAlchemy's own "anything listening at all" flags first (set by any
     # connection or dialect event listener): on every enqueue's path
-    if not (
-        getattr(conn, "_has_events", True)
-        or getattr(conn.engine, "_has_events", True)
-        or getattr(conn.dialect, "_has_events", True)
-    ):
+    if not events_flagged(conn):
         return True
     return not (
         any(getattr(conn.dispatch, name, None) for name in _CONNECTION_EVENTS)
@@ -318,7 +327,7 @@ class DriverErrors:
                 dialect=dialect,
             )
             if invalidated:
-                conn.engine.pool._invalidate(conn.connection, exc)  # as conn.execute does
+                invalidate_pooled(conn, exc)  # as conn.execute does
                 conn.invalidate(exc)
             raise (duplicate_error(error) or error) from exc
         if not isinstance(exc, (Exception, GeneratorExit)):
@@ -480,6 +489,58 @@ class Adapter:
     def _prepare(self) -> None:
         """Compile the dialect's own statements, once; subclasses extend it
         (calling super) instead of repeating the constructor."""
+
+    # ------------------------------------------------------------ parts
+    # the parts below are built on first use, once per adapter; callers
+    # never build them themselves
+    @functools.cached_property
+    def inspection(self) -> InspectionQueries:
+        """The operator's view: counts, timelines (``adapters/inspection.py``)."""
+        return InspectionQueries(self)
+
+    @functools.cached_property
+    def actions(self) -> ActionQueries:
+        """The operator's actions: cancel, run now (``adapters/actions.py``)."""
+        return ActionQueries(self)
+
+    @functools.cached_property
+    def routines(self) -> MaintenanceQueries:
+        """The maintenance routines' statements (``adapters/maintenance.py``)."""
+        return MaintenanceQueries(self)
+
+    @functools.cached_property
+    def limits(self) -> LimitQueries:
+        """Fleet-wide limits: running tasks, the database's clock
+        (``adapters/limits.py``)."""
+        return LimitQueries(self)
+
+    @functools.cached_property
+    def archive(self) -> ArchiveQueries:
+        """The Spark archive's statements (``adapters/archive.py``)."""
+        return ArchiveQueries(self.table)
+
+    def fairness(self, column: str) -> FairnessQueries:
+        """The key look-ups of per-key fairness on ``column``
+        (``adapters/fairness.py``)."""
+        return self._part(("fairness", column), lambda: FairnessQueries(self.table, column))
+
+    def unique(self, keys: Table) -> UniqueQueries:
+        """Unique tasks' statements, with ``keys`` the table's
+        ``<table>_unique`` (``adapters/unique.py``)."""
+        return self._part(("unique", keys), lambda: UniqueQueries(self.table, keys))
+
+    def settings(self, table: Table) -> SettingRows:
+        """The rows of configuration table ``table`` that sqla-queue writes
+        (paused processes, periodic runs: ``adapters/configuration.py``).
+        By name: each read of the configuration makes its own ``Table``."""
+        return self._part(("settings", table.fullname), lambda: SettingRows(table))
+
+    def _part(self, key: tuple[str, Any], build: Callable[[], _Part]) -> _Part:
+        parts = self.__dict__.setdefault("_parts", {})
+        found: _Part | None = parts.get(key)
+        if found is None:  # a race builds twice, harmlessly
+            found = parts[key] = build()
+        return found
 
     # ------------------------------------------------------------ helpers
     def _ready(self) -> list[ColumnElement[bool]]:
@@ -792,6 +853,24 @@ class Adapter:
         )
         return [dict(row) for row in conn.execute(statement).mappings()]
 
+    def subscription_list_all(
+        self, conn: Connection, *, table: Table, columns: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """Every row of subscriber ``table``, active or not, by process and
+        id; each a dict of ``columns`` (the dashboard's list)."""
+        c = table.c
+        statement = select(*(c[name] for name in columns)).order_by(c.processo, c.id)
+        return [dict(row) for row in conn.execute(statement).mappings()]
+
+    def subscription_get_many(
+        self, conn: Connection, *, table: Table, ids: Sequence[str], columns: Sequence[str]
+    ) -> list[dict[str, Any]]:
+        """The rows of subscriber ``table`` whose id is one of ``ids``, in
+        no order; each a dict of ``columns`` (a webhook delivery's read)."""
+        c = table.c
+        statement = select(*(c[name] for name in columns)).where(c.id.in_(list(ids)))
+        return [dict(row) for row in conn.execute(statement).mappings()]
+
     # ------------------------------------------------------------ claim
     def task_claim_many(
         self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
@@ -824,6 +903,94 @@ class Adapter:
         conn.execute(claim, {**params, **self._lease_params(lease_seconds)})
         claimed = select(*c).where(self._id_in("ids"), *self._claimed_by_owner)
         return self._fetch_records(conn, claimed, params)
+
+    # ------------------------------------------------------------ requeue
+    def task_dead_heads(
+        self,
+        conn: Connection,
+        *,
+        ids: Sequence[int] | None = None,
+        process: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        limit: int,
+    ) -> list[TaskRecord]:
+        """The first rows of dead-letter runs (``dead``, no ``id_inicial``)
+        that match, by id, at most ``limit``, locked until the transaction
+        ends: ``ids`` (their ids or their ``live_id``), ``process``, and
+        ``data_hora`` from ``since`` (inclusive) to ``until``."""
+        c = self.table.c
+        heads = select(self.table).where(c.dead == true(), c.id_inicial.is_(None))
+        if ids is not None:
+            heads = heads.where(c.id.in_(list(ids)) | c.live_id.in_(list(ids)))
+        if process is not None:
+            heads = heads.where(c.processo == process)
+        if since is not None:
+            heads = heads.where(c.data_hora >= since)
+        if until is not None:
+            heads = heads.where(c.data_hora < until)
+        heads = heads.order_by(c.id).limit(limit).with_for_update()
+        return self._fetch_records(conn, heads, {})
+
+    def task_requeued_of(
+        self, conn: Connection, *, live_ids: Sequence[int], head_ids: Sequence[int]
+    ) -> set[int]:
+        """Which of the dead-letter heads ``head_ids`` (of the chains
+        ``live_ids``) a live chain was requeued from (its ``id_anterior``),
+        with a locking read: it sees what another requeue committed while
+        this one waited."""
+        c = self.table.c
+        statement = (
+            select(c.id_anterior)
+            .where(
+                c.live_id.in_(list(live_ids)),
+                c.dead == false(),
+                c.id_inicial.is_(None),
+                c.id_anterior.in_(list(head_ids)),
+            )
+            .with_for_update(read=True)
+        )
+        return {row[0] for row in conn.execute(statement)}
+
+    def task_payloads(self, conn: Connection, *, ids: Sequence[int]) -> dict[int, str | None]:
+        """The payload of each of the rows ``ids`` (those that exist)."""
+        if not ids:
+            return {}
+        return {row[0]: row[1] for row in conn.execute(self._payloads, {"ids": list(ids)})}
+
+    # ------------------------------------------------------------ equivalents
+    def task_equivalents(
+        self,
+        conn: Connection,
+        *,
+        equal: Mapping[str, Any],
+        statuses: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+        not_null: Sequence[str] = (),
+        any_of: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[Any]:
+        """Rows equivalent to a task, one statement per index that holds
+        ``statuses`` (None: every status; ``mixins.equivalence_criteria``)
+        joined by UNION ALL: rows whose columns ``equal`` have those values
+        (None: NULL), ``not_null`` are not NULL and, with ``any_of``
+        (column, values), that column is one of the values. The whole rows
+        by id, or just ``columns`` in no order."""
+        c = self.table.c
+        where: list[ColumnElement[bool]] = [
+            c[name].is_(None) if value is None else c[name] == value
+            for name, value in equal.items()
+        ]
+        where += [c[name].is_not(None) for name in not_null]
+        if any_of is not None:
+            where.append(c[any_of[0]].in_(list(any_of[1])))
+        selected = list(c) if columns is None else [c[name] for name in columns]
+        parts = [select(*selected).where(*where, arm) for arm in equivalence_criteria(c, statuses)]
+        if not parts:
+            return []
+        if columns is not None:
+            return list(conn.execute(parts[0] if len(parts) == 1 else union_all(*parts)).all())
+        query = parts[0] if len(parts) == 1 else union_all(*parts).subquery().select()
+        return list(conn.execute(query.order_by(query.selected_columns.id)).all())
 
     def task_promote_due(self, conn: Connection) -> int:
         """``agendada`` rows whose time has come become ``pendente`` (at most

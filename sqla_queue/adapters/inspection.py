@@ -23,27 +23,31 @@ table of millions of finished attempts:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Table,
     bindparam,
     case,
+    delete,
     false,
     func,
+    insert,
     select,
     true,
     union_all,
 )
+from sqlalchemy.orm import Session
 
 from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is, status_literal
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
-    from .base import Adapter
+    from .parts import PartOwner
 
 __all__ = ["InspectionQueries"]
 
@@ -57,7 +61,7 @@ TIMELINE_LIMIT = 5_000
 
 
 class InspectionQueries:
-    def __init__(self, adapter: Adapter) -> None:
+    def __init__(self, adapter: PartOwner) -> None:
         self.adapter = adapter
         c = adapter.table.c
         later = case((func.coalesce(c.tentativa, 1) > 1, 1), else_=0)
@@ -306,6 +310,44 @@ class InspectionQueries:
             return []
         after = min(publications)
         return self._chunked(conn, self._copies, publications, after=after)
+
+    def tasks_of_model(
+        self,
+        session: Session,
+        model: type[Any],
+        *,
+        process: str | None = None,
+        status: str | None = None,
+    ) -> list[Any]:
+        """The ``model`` objects (mapped to this table) in ``session``'s
+        view, oldest first: of ``process`` and with ``status`` when given
+        (the testing helpers' ``enqueued``)."""
+        query = select(model).order_by(model.id)
+        if process is not None:
+            query = query.where(model.process == process)
+        if status is not None:
+            query = query.where(model.status == status)
+        return list(session.scalars(query))
+
+    # the finished states' counts kept per range of ids (status_summary.py)
+    def counts_kept(self, conn: Connection, *, store: Table) -> list[Any]:
+        """Every row of ``store``, the queue's ``<table>_status``."""
+        return list(conn.execute(select(store)).all())
+
+    def counts_keep(
+        self,
+        conn: Connection,
+        *,
+        store: Table,
+        rows: Sequence[Mapping[str, Any]],
+        drop: Sequence[int],
+    ) -> None:
+        """Delete the rows of ``store`` whose ``range_id`` is one of ``drop``
+        (500 a statement), then insert ``rows``."""
+        for start in range(0, len(drop), 500):
+            conn.execute(delete(store).where(store.c.range_id.in_(list(drop[start : start + 500]))))
+        if rows:
+            conn.execute(insert(store), list(rows))
 
     def _chunked(
         self, conn: Connection, statement: Any, keys: Sequence[int], **params: Any

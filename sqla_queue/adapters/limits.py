@@ -16,13 +16,13 @@ from sqlalchemy.sql.elements import ColumnElement
 from ..mixins import Status, status_is
 
 if TYPE_CHECKING:
-    from .base import Adapter
+    from .parts import PartOwner
 
 __all__ = ["FORGET_LIMIT", "LimitQueries", "RateBuckets"]
 
 
 class LimitQueries:
-    def __init__(self, adapter: Adapter) -> None:
+    def __init__(self, adapter: PartOwner) -> None:
         c = adapter.table.c
         # the running rows' index (ix_processando, partial; the status
         # indexes on the MySQL family): its cost follows the running tasks

@@ -19,7 +19,7 @@ from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, statu
 from ..types import UtcDateTime
 
 if TYPE_CHECKING:
-    from .base import Adapter
+    from .parts import PartOwner
 
 __all__ = ["CLOSED_STATUSES", "OPEN_STATUSES", "FamilyRow", "MaintenanceQueries"]
 
@@ -41,7 +41,7 @@ def family_key(row: FamilyRow) -> int:
 
 
 class MaintenanceQueries:
-    def __init__(self, adapter: Adapter) -> None:
+    def __init__(self, adapter: PartOwner) -> None:
         self.adapter = adapter
         table = adapter.table
         c = table.c

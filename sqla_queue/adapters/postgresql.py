@@ -46,7 +46,6 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement, TextClause
-from sqlalchemy.sql.visitors import InternalTraversal
 
 from ..exceptions import UnsupportedOperationError
 from ..mixins import COLUMN_NAMES, Status, inline_count, status_is
@@ -68,18 +67,23 @@ from .base import (
 )
 from .liveness import Keepalive, on_new_connections, remember
 from .locks import SESSION_NAME, DatabaseRoutineLock, LeaseRoutineLock, RoutineLock
+from .sqla_private import traversed_clauses
 
 logger = logging.getLogger("sqla_queue.postgresql")
 _UNKNOWN: Any = object()
 _LENGTH = re.compile(r"\(\d+\)$")  # VARCHAR(250) -> VARCHAR
-# what the server answers a login that will never succeed, as libpq words it
+# what the server answers a login that will never succeed, as libpq words
+# it (and PgBouncer, for a database it does not serve: "no such database")
 _REFUSED_LOGIN = re.compile(
     r"FATAL:  (database \".*\" does not exist|role \".*\" does not exist"
-    r"|password authentication failed|no pg_hba\.conf entry|permission denied for database)"
+    r"|password authentication failed|no pg_hba\.conf entry|permission denied for database"
+    r"|no such database)"
 )
 
 LISTEN_POLL_SECONDS = 1.0  # how often the listener thread checks for stop
 RECONNECT_DELAY_SECONDS = 1.0
+#: the longest wait between two LISTEN connection attempts while the database is away
+LISTEN_RETRY_MAX_SECONDS = 4.0
 #: releases the per-task lock of task x, for each x of the ids array :ids
 TASK_UNLOCK = "pg_advisory_unlock(:ns, ((x % 4294967296) - 2147483648)::int4)"
 OVER_IDS = "FROM unnest(CAST(:ids AS bigint[])) AS x"
@@ -135,13 +139,13 @@ def advisory_lock_free(*, objsubid: int, classid: str, objid: str) -> TextClause
     )
 
 
+@traversed_clauses("subquery")
 class _array_of(ColumnElement[Any]):
     """``ARRAY(SELECT ...)``: the claim's subquery runs once, first, and the
     UPDATE then finds its rows through the primary key. (``id IN (SELECT ...)``
     was planned as a hash join over a scan of the whole table.)"""
 
     inherit_cache = True
-    _traverse_internals = [("subquery", InternalTraversal.dp_clauseelement)]  # noqa: RUF012
 
     def __init__(self, subquery: Select[Any]) -> None:
         self.subquery = subquery.scalar_subquery()
@@ -182,7 +186,8 @@ class PostgresAdapter(Adapter):
     #: deadlock_detected, serialization_failure, lock_not_available
     TRANSIENT_SQLSTATES: ClassVar[frozenset[str]] = frozenset({"40P01", "40001", "55P03"})
     #: from this many rows insert_tasks uses COPY: its id prefetch costs one
-    #: round trip more, which COPY wins back from about 50 rows with payloads
+    #: round trip more, which COPY wins back on runs this long with payloads
+    #: (docs/benchmarks.md, "Figures formerly in code comments")
     COPY_THRESHOLD: ClassVar[int] = 64
 
     def is_transient(self, exc: BaseException) -> bool:
@@ -276,7 +281,7 @@ class PostgresAdapter(Adapter):
         )
         self._unnest_inserts = {}
         # The sequence is looked up once (a MATERIALIZED CTE): called per row,
-        # pg_get_serial_sequence cost 4 of the 5 ms that 1,000 ids took.
+        # pg_get_serial_sequence was most of the statement's time.
         self._next_ids = text(
             "WITH s AS MATERIALIZED "
             "(SELECT CAST(pg_get_serial_sequence(:table, 'id') AS regclass) AS seq) "
@@ -626,9 +631,9 @@ class PostgresAdapter(Adapter):
         - ``jit = off`` (PostgreSQL 11+): a plan that has to read a table
           whole (an index missing, dropped or not yet made) is costed at
           ``enable_seqscan``'s ten billion, far past ``jit_above_cost``,
-          and PostgreSQL then compiled the claim at every run: 630 ms of
-          JIT for a claim of an empty table, measured. Our statements read
-          a few rows; JIT never pays for them.
+          and PostgreSQL then compiled the claim at every run, which cost
+          far more than the claim itself, even on an empty table. Our
+          statements read a few rows; JIT never pays for them.
         - ``plan_cache_mode = force_generic_plan`` (PostgreSQL 12+): a
           prepared statement keeps the one plan made for it, whose index
           use tests/adapters/test_plans.py checks. Left to choose, once a
@@ -1222,13 +1227,23 @@ class PostgresListener(Listener):
         return dbapi_conn
 
     def _run(self, wake: Wake) -> None:
+        failures = 0
         while not self._stop.is_set():
             try:
                 conn = self._connect()
             except Exception as exc:  # the database is away: retry
-                logger.warning("LISTEN %s failed: %s", self.channel, describe_error(exc))
-                self._stop.wait(RECONNECT_DELAY_SECONDS)
+                # one line per outage (the worker's own error says the rest);
+                # retries slow down to a few seconds apart while it lasts
+                log = logger.warning if failures == 0 else logger.debug
+                log("LISTEN %s failed: %s", self.channel, describe_error(exc))
+                self._stop.wait(
+                    min(RECONNECT_DELAY_SECONDS * 2**failures, LISTEN_RETRY_MAX_SECONDS)
+                )
+                failures += 1
                 continue
+            if failures:
+                logger.info("LISTEN %s listening again", self.channel)
+                failures = 0
             self.listening.set()
             wake.set()
             try:

@@ -82,6 +82,11 @@ class SQLiteAdapter(Adapter):
         # the busy timeout ran out while another process held the write lock
         return "database is locked" in str(getattr(exc, "orig", exc))
 
+    def is_permanent(self, exc: BaseException) -> bool:
+        # a missing table: waiting does not make it appear (sqlite3 raises
+        # an OperationalError, which would otherwise read as a lost connection)
+        return "no such table" in str(getattr(exc, "orig", exc))
+
     def prepare_engine(self, engine: Engine) -> None:
         if getattr(engine, "_sqla_queue_sqlite", False):
             return

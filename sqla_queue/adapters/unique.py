@@ -42,6 +42,7 @@ __all__ = [
     "live_condition",
     "live_index_name",
     "live_index_names",
+    "live_key_create",
     "live_key_drop_statements",
     "live_key_statements",
     "refused_by_live_index",
@@ -176,6 +177,13 @@ def live_key_statements(
             )
         ]
     return []
+
+
+def live_key_create(connection: Any, table: Table, processes: Sequence[str]) -> None:
+    """Run :func:`live_key_statements` on ``connection`` (``create_all()``'s
+    ``after_create`` of the queue table: unique.py)."""
+    for statement in live_key_statements(table, processes, connection.dialect):
+        connection.execute(statement)
 
 
 def live_key_drop_statements(table: Table, dialect: Dialect) -> list[str]:

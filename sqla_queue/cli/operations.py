@@ -6,6 +6,10 @@ the database as ``sqla-queue worker`` does (``--url``, else
 worker's (class, environment, ``queue_configuration``, defaults). Mistakes
 are one ``Error:`` line and exit status 1; a database error too. What they
 print from the database is escaped (checks.shown).
+
+``maintenance run`` builds the worker's parts (``QueueApp``: its routines);
+the others, like the operator's commands of ``status.py``, need only the
+configuration and the adapter (:func:`_operator`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..ranges import REQUEUE_LIMIT, TASK_ID
 from ..redaction import describe_error
 from ..resolution import resolve, show
 from ..settings import Settings, normalize_url
+from ..worker.operator import OperatorContext
 from .checks import CommandError, Number, Timestamp, shown
 from .loading import load_worker
 from .progress import progress_bar
@@ -33,24 +38,43 @@ __all__ = ["config", "maintenance", "requeue"]
 
 
 @contextlib.contextmanager
-def _app(worker: str, url: str | None) -> Iterator[Any]:
-    """The worker's parts (nothing started): its engine, adapter, settings
-    and routines; one Error line for a mistake or a database error."""
-    from ..worker.app import QueueApp
-
-    app = None
+def _one_error_line() -> Iterator[None]:
+    """A mistake or a database error as one Error line."""
     try:
-        cls = load_worker(worker)
-        cls.check_configuration()
-        app = QueueApp(cls(), url=url, settings=Settings.from_env())
-        app.check_table(wait_for_database=True)
-        yield app
+        yield
     except SqlaQueueError as exc:
         raise CommandError(str(exc)) from exc
     except DBAPIError as exc:
         raise CommandError(f"database error: {describe_error(exc)}") from exc
-    finally:
-        if app is not None:
+
+
+@contextlib.contextmanager
+def _operator(worker: str, url: str | None) -> Iterator[OperatorContext]:
+    """The worker's queue as an operator's command needs it (its engine,
+    configuration and adapter: nothing built to run it)."""
+    with _one_error_line():
+        context = OperatorContext(load_worker(worker), url=url, settings=Settings.from_env())
+        try:
+            context.check_table(wait_for_database=True)
+            yield context
+        finally:
+            context.close()
+
+
+@contextlib.contextmanager
+def _app(worker: str, url: str | None) -> Iterator[Any]:
+    """The worker's parts (nothing started): its engine, adapter, settings
+    and routines."""
+    from ..worker.app import QueueApp
+
+    with _one_error_line():
+        cls = load_worker(worker)
+        cls.check_configuration()
+        app = QueueApp(cls(), url=url, settings=Settings.from_env())
+        try:
+            app.check_table(wait_for_database=True)
+            yield app
+        finally:
             app.close()
             app.engine.dispose()
 
@@ -115,11 +139,11 @@ def requeue(
 
     if not (ids or process or since or until or all_dead):
         raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")
-    with _app(worker, url) as app, app.engine.connect() as conn:
+    with _operator(worker, url) as queue, queue.engine.connect() as conn:
         transaction = conn.begin()
         try:
             with progress_bar("requeue") as progress:
-                done = QueueClient(conn, app.adapter.table).requeue_dead(
+                done = QueueClient(conn, queue.adapter.table).requeue_dead(
                     ids or None,
                     process=process,
                     since=since,
@@ -178,9 +202,9 @@ def config_show(worker: str, url: str | None) -> None:
             click.echo("(no database given: queue_configuration not read)")
             effective = resolve(cls, settings, None)
         else:
-            with _app(worker, url) as app:
-                effective = app.effective
-                rows = app.configuration_rows
+            with _operator(worker, url) as queue:
+                effective = queue.effective
+                rows = queue.configuration_rows
                 click.echo(f"queue_configuration: {_rows_applied(rows)}")
     except SqlaQueueError as exc:
         raise CommandError(str(exc)) from exc

@@ -22,7 +22,7 @@ import click
 from ..exceptions import SqlaQueueError
 from ..ranges import OLDER_THAN_SECONDS, TASK_ID, WATCH_SECONDS, WINDOW_SECONDS
 from .checks import Duration, Number, shown
-from .operations import _app
+from .operations import _operator
 
 if TYPE_CHECKING:
     from rich.console import Console, Group
@@ -76,10 +76,10 @@ def status(
 
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
-    with _app(worker, url) as app:
-        model = type(app.worker).queue_model()
+    with _operator(worker, url) as queue:
+        model = queue.model
         if task_id is not None:
-            timeline = task_timeline(app.engine, model, task_id)
+            timeline = task_timeline(queue.engine, model, task_id)
             if as_json:
                 click.echo(json.dumps(timeline.as_json()))
             else:
@@ -88,10 +88,10 @@ def status(
 
         def take() -> QueueStatus:
             return queue_status(
-                app.engine,
+                queue.engine,
                 model,
                 window_seconds=window.total_seconds(),
-                periodic=type(app.worker).periodic,
+                periodic=queue.worker_class.periodic,
             )
 
         if as_json:
@@ -341,12 +341,12 @@ def cancel(
     if older_than is not None and not process:
         raise click.UsageError("--older-than goes with --process")
     refused = 0
-    with _app(worker, url) as app, app.engine.connect() as conn:
+    with _operator(worker, url) as queue, queue.engine.connect() as conn:
         if task_ids:
             for task_id in task_ids:
                 try:
                     with conn.begin():
-                        done = cancel_task(conn, app.adapter, task_id)
+                        done = cancel_task(conn, queue.adapter, task_id)
                 except SqlaQueueError as exc:
                     click.echo(f"Error: {shown(exc)}", err=True)
                     refused += 1
@@ -358,7 +358,7 @@ def cancel(
             while True:
                 with conn.begin():
                     done = cancel_process(
-                        conn, app.adapter, process, older_than=older_than, limit=CANCEL_CHUNK
+                        conn, queue.adapter, process, older_than=older_than, limit=CANCEL_CHUNK
                     )
                 total += done.count
                 if len(done.ids) < CANCEL_CHUNK:
@@ -377,8 +377,8 @@ def retry_now(worker: str, task_id: int, url: str | None) -> None:
     backoff (or a task scheduled for later) becomes ready at once."""
     from ..control import retry_now as run_now
 
-    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
-        attempt = run_now(conn, app.adapter, task_id)
+    with _operator(worker, url) as queue, queue.engine.connect() as conn, conn.begin():
+        attempt = run_now(conn, queue.adapter, task_id)
     click.echo(f"task {task_id}: attempt {attempt} is ready now")
 
 
@@ -452,10 +452,10 @@ def dashboard(
         config.check()  # before the database is touched
     except SqlaQueueError as exc:
         raise click.ClickException(str(exc)) from None
-    with _app(worker, url) as app:
-        cls = type(app.worker)
+    with _operator(worker, url) as queue:
+        cls = queue.worker_class
         web = create_app(
-            app.engine,
+            queue.engine,
             cls.queue_model(),
             subscriber_model=getattr(cls, "subscriber_model", None),
             config=config,
@@ -463,7 +463,8 @@ def dashboard(
         )
         mode = "read-only, no login" if config.read_only else "login required"
         shown = f"[{host}]" if ":" in host else host
-        click.echo(f"dashboard of {app.adapter.qualified_name} on http://{shown}:{port}/ ({mode})")
+        table = queue.adapter.qualified_name
+        click.echo(f"dashboard of {table} on http://{shown}:{port}/ ({mode})")
         # X-Forwarded-For and -Proto are trusted only from a proxy said to be there
         uvicorn.run(web, host=host, port=port, log_level="warning", proxy_headers=behind_tls_proxy)
 
@@ -481,8 +482,8 @@ def pause(worker: str, processes: tuple[str, ...], url: str | None) -> None:
     from ..pause import PAUSE_CHECK_SECONDS
     from ..pause import pause as pause_processes
 
-    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
-        paused = pause_processes(conn, type(app.worker).queue_model(), processes)
+    with _operator(worker, url) as queue, queue.engine.connect() as conn, conn.begin():
+        paused = pause_processes(conn, queue.model, processes)
     click.echo(
         f"paused: {shown(', '.join(sorted(paused)))} "
         f"(workers stop claiming them within {PAUSE_CHECK_SECONDS:.0f} s)"
@@ -501,8 +502,8 @@ def resume(worker: str, processes: tuple[str, ...], every: bool, url: str | None
 
     if bool(processes) == every:
         raise click.UsageError("give --process NAME (one or more) or --all")
-    with _app(worker, url) as app, app.engine.connect() as conn, conn.begin():
-        model = type(app.worker).queue_model()
+    with _operator(worker, url) as queue, queue.engine.connect() as conn, conn.begin():
+        model = queue.model
         names = paused_processes(conn, model) if every else frozenset(processes)
         still = resume_processes(conn, model, names)
     click.echo(

@@ -34,7 +34,7 @@ from typing import Any
 
 from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from ..adapters import adapter_of
 from ..client import QueueClient, resolve_table
 from ..exceptions import ConfigurationError, SqlaQueueError, TaskNotFoundError
 from ..inspect import (
@@ -236,20 +237,23 @@ def create_app(
     def subscriptions(request: Request) -> Response:
         rows: list[dict[str, Any]] | None = None
         if subscriber_model is not None:
-            c = subscriber_model.__table__.c
+            adapter = adapter_of(engine.dialect, table)
             # never the headers or the signing secret; the URL's path and
             # query (which may hold keys) masked
-            columns = (c.id, c.processo, c.ativo, c.url)
+            columns = ("id", "processo", "ativo", "url")
             with engine.connect() as conn:
-                rows = [
-                    {
-                        "id": r[0],
-                        "process": r[1],
-                        "active": r[2],
-                        "url": show_url(r[3]) if r[3] else None,
-                    }
-                    for r in conn.execute(select(*columns).order_by(c.processo, c.id))
-                ]
+                found = adapter.subscription_list_all(
+                    conn, table=subscriber_model.__table__, columns=columns
+                )
+            rows = [
+                {
+                    "id": r["id"],
+                    "process": r["processo"],
+                    "active": r["ativo"],
+                    "url": show_url(r["url"]) if r["url"] else None,
+                }
+                for r in found
+            ]
         return page(
             request,
             "subscriptions.html",

@@ -19,7 +19,6 @@ from typing import ClassVar
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..adapters.maintenance import MaintenanceQueries
 from ..progress import Progress, describe_counts
 from .clock import Clock, SystemClock
 from .timing import Schedule
@@ -56,7 +55,7 @@ class Routine(abc.ABC):
         self.schedule = schedule
         #: the time ages are measured on (the purge's, the TTL's)
         self.clock = clock or SystemClock()
-        self.queries = MaintenanceQueries(adapter)
+        self.queries = adapter.routines
         # one round at a time in this process (the start-up rescue and the
         # scheduled one share the routine), so it needs one connection at most
         self._running = threading.Lock()

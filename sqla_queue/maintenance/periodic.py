@@ -43,9 +43,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, inspect, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Engine, Table, inspect
 
+from ..adapters.base import Adapter
 from ..client import QueueClient
 from ..configuration_table import ensure_table, has_queue_name
 from ..exceptions import ConfigurationError
@@ -118,12 +118,9 @@ def check_periodic(declared: object, owner: str) -> tuple[Periodic, ...]:
 
 
 # ------------------------------------------------------------- the markers
-def _where(conn: Connection, table: Table, queue: str) -> list[Any]:
-    c = table.c
-    where = [c.setting_name == PERIODIC_SETTING]
-    if has_queue_name(conn, table):
-        where.append(c.queue_name == queue)
-    return where
+def _queue_of(conn: Connection, table: Table, queue: str) -> str | None:
+    """The marker row's ``queue_name``: None where the table has none."""
+    return queue if has_queue_name(conn, table) else None
 
 
 def _decode(value: str | None) -> dict[str, dt.datetime]:
@@ -144,23 +141,26 @@ def _encode(runs: dict[str, dt.datetime]) -> str:
     return json.dumps({name: when.isoformat() for name, when in sorted(runs.items())})
 
 
-def last_runs(conn: Connection, table: Table, queue: str) -> dict[str, dt.datetime]:
-    """The last occurrence enqueued (or skipped at first sight) of each name."""
+def last_runs(conn: Connection, adapter: Adapter, table: Table) -> dict[str, dt.datetime]:
+    """The last occurrence enqueued (or skipped at first sight) of each
+    name, of ``adapter``'s queue, kept in configuration table ``table``."""
     if not inspect(conn).has_table(table.name, schema=table.schema):
         return {}
-    return _decode(conn.execute(select(table.c.value).where(*_where(conn, table, queue))).scalar())
+    queue = _queue_of(conn, table, adapter.table.name)
+    return _decode(adapter.settings(table).value(conn, name=PERIODIC_SETTING, queue=queue))
 
 
 def locked_runs(
-    conn: Connection, table: Table, queue: str
-) -> tuple[dict[str, dt.datetime], list[Any]]:
+    conn: Connection, adapter: Adapter, table: Table
+) -> tuple[dict[str, dt.datetime], str | None]:
     """The stored occurrences, the row locked until the caller's transaction
-    ends (created empty first if missing); and the row's WHERE clause."""
-    where = _where(conn, table, queue)
+    ends (created empty first if missing); and the row's ``queue_name``."""
+    queue = _queue_of(conn, table, adapter.table.name)
+    rows = adapter.settings(table)
     for _ in range(2):  # a concurrent first run inserts the row: then lock it
-        row = conn.execute(select(table.c.value).where(*where).with_for_update()).first()
+        row = rows.value_locked(conn, name=PERIODIC_SETTING, queue=queue)
         if row is not None:
-            return _decode(row[0]), where
+            return _decode(row[0]), queue
         values = {
             "setting_name": PERIODIC_SETTING,
             "value": "{}",
@@ -168,20 +168,20 @@ def locked_runs(
             "unit": None,
             "note": "last occurrence enqueued of each periodic task (sqla-queue)",
         }
-        if len(where) > 1:
+        if queue is not None:
             values["queue_name"] = queue
-        try:
-            with conn.begin_nested():
-                conn.execute(table.insert().values(**values))
-        except IntegrityError:
-            continue
+        rows.row_insert(conn, row=values)
     raise ConfigurationError("the periodic_runs row could not be read: try again")
 
 
 def store_runs(
-    conn: Connection, table: Table, where: list[Any], runs: dict[str, dt.datetime]
+    conn: Connection,
+    adapter: Adapter,
+    table: Table,
+    queue: str | None,
+    runs: dict[str, dt.datetime],
 ) -> None:
-    conn.execute(update(table).where(*where).values(value=_encode(runs)))
+    adapter.settings(table).value_set(conn, name=PERIODIC_SETTING, queue=queue, value=_encode(runs))
 
 
 def next_runs(
@@ -224,7 +224,6 @@ class PeriodicRoutine(Routine):
         super().__init__(engine, adapter, schedule or Every(1.0), clock=clock)
         self.declared = tuple(declared)
         self.markers = markers
-        self.queue = adapter.table.name
         self.wake = wake
         #: the newest occurrence of each name known to be dealt with (by any
         #: worker): the database is read only when a newer one is due
@@ -253,7 +252,7 @@ class PeriodicRoutine(Routine):
         with self.adapter.connect_maintenance(self.engine) as conn:
             transaction = conn.begin()
             try:
-                stored, where = locked_runs(conn, self.markers, self.queue)
+                stored, scope = locked_runs(conn, self.adapter, self.markers)
                 for name, occurrence in due.items():
                     last = stored.get(name)
                     if last is not None and last >= occurrence:
@@ -268,7 +267,7 @@ class PeriodicRoutine(Routine):
                 if dry_run:
                     transaction.rollback()
                 else:
-                    store_runs(conn, self.markers, where, stored)
+                    store_runs(conn, self.adapter, self.markers, scope, stored)
                     transaction.commit()
                     for name, occurrence in due.items():
                         self._known[name] = max(occurrence, stored[name])

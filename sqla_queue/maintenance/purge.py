@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, Table
 
 from ..adapters import Adapter
-from ..adapters.limits import LimitQueries, RateBuckets
+from ..adapters.limits import RateBuckets
 from ..adapters.maintenance import FamilyRow, family_key
 from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
 from ..mixins import OPEN_STATUSES
@@ -173,7 +173,7 @@ class PurgeRoutine(Routine):
         """Every page of the buckets, a transaction each; how many went."""
         forgotten = 0
         after: str | None = ""
-        clock = LimitQueries(self.adapter)
+        clock = self.adapter.limits
         with self.adapter.connect_maintenance(self.engine) as conn:
             while after is not None:
                 with conn.begin():

@@ -44,20 +44,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    Connection,
-    Table,
-    and_,
-    case,
-    create_engine,
-    delete,
-    func,
-    or_,
-    select,
-)
+from sqlalchemy import Connection, Table, create_engine
 from sqlalchemy.engine import URL
 
-from ..adapters import Adapter, adapter_for
+from ..adapters import Adapter, adapter_for, adapter_of
+from ..adapters.archive import family_rows
 from ..client import resolve_table
 from ..exceptions import ConfigurationError, SparkJobError, UnsupportedOperationError
 from ..mixins import OPEN_STATUSES, QueueMixin
@@ -69,12 +60,11 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
-__all__ = ["ARCHIVE_LOCK_KEY", "ArchiveHook", "ArchiveResult", "archive_chains"]
+__all__ = ["ARCHIVE_LOCK_KEY", "ArchiveHook", "ArchiveResult", "archive_chains", "family_rows"]
 
 #: the queue's maintenance lock that one archive run holds (job or hook)
 ARCHIVE_LOCK_KEY = 17
 DEFAULT_CHUNK_FAMILIES = 1000
-IDS_PER_STATEMENT = 1000
 STAGING = "_staging"
 FORMATS = ("parquet", "orc")
 
@@ -401,33 +391,13 @@ def _chunks(pairs: Sequence[tuple[int, int]], size: int) -> Iterator[tuple[list[
         yield roots, ids
 
 
-def family_rows(table: Table, roots: Sequence[int]) -> Any:
-    """Every row of the families ``roots`` (chains, their dead-letter runs
-    and the chains requeued from those), and no other family's: a requeued
-    chain's own first attempt is not a root."""
-    c = table.c
-    return or_(
-        and_(c.live_id.is_(None), func.coalesce(c.id_inicial, c.id).in_(list(roots))),
-        c.live_id.in_(list(roots)),
-    )
-
-
 def _delete_chunk(engine: Any, table: Table, roots: list[int], ids: list[int]) -> int:
     """Delete the rows ``ids`` of the families ``roots`` in one transaction,
     if they are still exactly those families' rows, closed; rows deleted."""
-    c = table.c
+    queries = adapter_of(engine.dialect, table).archive
     with engine.connect() as conn, conn.begin() as transaction:
-        deleted = 0
-        for start in range(0, len(ids), IDS_PER_STATEMENT):
-            batch = ids[start : start + IDS_PER_STATEMENT]
-            statement = delete(table).where(c.id.in_(batch), c.status.not_in(OPEN_STATUSES))
-            deleted += conn.execute(statement).rowcount
-        left = 0
-        for start in range(0, len(roots), IDS_PER_STATEMENT):
-            batch = roots[start : start + IDS_PER_STATEMENT]
-            left += conn.execute(
-                select(func.count()).select_from(table).where(family_rows(table, batch))
-            ).scalar_one()
+        deleted = queries.delete_closed(conn, ids=ids)
+        left = queries.family_count(conn, roots=roots)
         if deleted != len(ids) or left:
             # a family gained a row (a requeue) or lost one (a purge) meanwhile:
             # it stays as it is, and in the dataset; a later run finishes it
@@ -480,17 +450,9 @@ class ArchiveHook:
             dataset.clear_staging()
             # whole families, even when chain_ids names a dead-letter run
             # alone: a row's day is its family's, whoever archives it
-            c = table.c
-            root = case(
-                (c.live_id.is_not(None), c.live_id), else_=func.coalesce(c.id_inicial, c.id)
-            )
-            roots = (
-                conn.execute(select(root).where(family_rows(table, chain_ids)).distinct())
-                .scalars()
-                .all()
-            )
-            result = conn.execute(select(table).where(family_rows(table, roots)))
-            records = [tuple(row) for row in result]
+            queries = lock.adapter.archive
+            roots = queries.family_roots(conn, chain_ids=chain_ids)
+            records = queries.family_records(conn, roots=roots)
             frame = self.spark.createDataFrame(records, archive_schema(table))
             append_families(self.spark, _with_family(frame), dataset)
         finally:

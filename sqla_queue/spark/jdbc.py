@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Table, create_engine, func, select
+from sqlalchemy import Table, create_engine
 from sqlalchemy.engine import URL
 
+from ..adapters import adapter_of
 from ..exceptions import SparkSetupError
 from ..settings import normalize_url
 from ..types import dialect_family
@@ -79,11 +80,12 @@ def id_bounds(url: str | URL, table: Table) -> tuple[int, int] | None:
     """The smallest and largest id in ``table``, None when it is empty."""
     engine = create_engine(normalize_url(url))
     try:
+        queries = adapter_of(engine.dialect, table).inspection
         with engine.connect() as conn:
-            low, high = conn.execute(select(func.min(table.c.id), func.max(table.c.id))).one()
+            low, high = queries.id_bounds(conn)
     finally:
         engine.dispose()
-    return None if low is None else (int(low), int(high))
+    return None if low is None or high is None else (int(low), int(high))
 
 
 def read_queue(

@@ -40,14 +40,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, create_engine, select, union_all
+from sqlalchemy import Connection, create_engine
 from sqlalchemy.pool import NullPool
 
 from ..adapters import Adapter, adapter_for
 from ..client import _task_row, resolve_table
 from ..exceptions import InvalidTaskError, PayloadError, SqlaQueueError
 from ..identifiers import lock_namespace
-from ..mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH, equivalence_criteria
+from ..mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH
 from ..payload import hash_payload_texts, json_key, serialize_payload
 from ..redaction import describe_error, redact
 from ..types import utcnow
@@ -223,27 +223,29 @@ def _existing_keys(
     conn: Connection, adapter: Adapter, spec: WriteSpec, keys: Sequence[tuple[Any, Any]]
 ) -> set[tuple[Any, Any]]:
     """Which (tenant, key) pairs the table has already, for the process."""
-    c = adapter.table.c
     # served by the equivalence index (chave_externa, payload_hash, status),
     # partial where the database can on a payload and a status other than
     # processando: without those conditions PostgreSQL scans the table for
     # every lookup. Running tasks come through their own index.
+    equal: dict[str, Any] = {"processo": spec.process}
+    not_null: tuple[str, ...]
     if spec.dedupe == "key":
-        key_column, where = c.chave_externa, [c.payload_hash.is_not(None)]
+        key_column, not_null = "chave_externa", ("payload_hash",)
     else:
-        key_column, where = c.payload_hash, [c.chave_externa.is_(None)]
-    keys_in = key_column.in_(bindparam("keys", expanding=True))
-    statement = union_all(
-        *(
-            select(c.tenant, key_column).where(c.processo == spec.process, keys_in, *where, arm)
-            for arm in equivalence_criteria(c)
-        )
-    )
+        key_column, not_null = "payload_hash", ()
+        equal["chave_externa"] = None
     found: set[tuple[Any, Any]] = set()
     wanted = sorted({key for _, key in keys})
     for start in range(0, len(wanted), EXISTING_KEYS_PER_QUERY):
         chunk = wanted[start : start + EXISTING_KEYS_PER_QUERY]
-        for tenant, key in conn.execute(statement, {"keys": chunk}):
+        rows = adapter.task_equivalents(
+            conn,
+            equal=equal,
+            columns=("tenant", key_column),
+            not_null=not_null,
+            any_of=(key_column, chunk),
+        )
+        for tenant, key in rows:
             found.add((tenant, bytes(key) if isinstance(key, memoryview) else key))
     return found
 

@@ -29,9 +29,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
+from ..adapters import Adapter
 from ..exceptions import SqlaQueueError
 from ..pipeline import Handler
 from ..records import TaskRecord
@@ -73,7 +74,8 @@ class WebhookStage:
 
     One per runner; lanes call :meth:`prepare` from their own threads, each
     with a :class:`WebhookClient` (a pooled ``requests.Session``) of its own.
-    ``subscriber_ids``: the ids delivered by HTTP (None: every subscription).
+    ``subscriber_ids``: the ids delivered by HTTP (None: every subscription);
+    ``adapter``: the queue's, which reads the subscriptions.
     """
 
     def __init__(
@@ -81,12 +83,14 @@ class WebhookStage:
         subscriber_table: Table,
         subscriber_ids: Iterable[str] | None,
         *,
+        adapter: Adapter,
         timeout: float | None = None,
         concurrency: int = 8,
         block_private_networks: bool | None = None,
         allowed_networks: Iterable[str] | None = None,
     ) -> None:
         self.table = subscriber_table
+        self.adapter = adapter
         self.subscriber_ids = None if subscriber_ids is None else frozenset(subscriber_ids)
         self.timeout = webhook_timeout_from_env() if timeout is None else timeout
         self.block_private_networks = (
@@ -103,11 +107,10 @@ class WebhookStage:
         self._clients_lock = threading.Lock()
         #: task id -> outcome, between prepare() and the batch's end
         self._outcomes: dict[int, DeliveryResult] = {}
-        c = subscriber_table.c
-        columns = [c.id, c.url, c.http_method, c.headers, c.ativo]
-        if "signing_secret" in c:
-            columns.append(c.signing_secret)
-        self._read = select(*columns)
+        columns = ["id", "url", "http_method", "headers", "ativo"]
+        if "signing_secret" in subscriber_table.c:
+            columns.append("signing_secret")
+        self._columns = tuple(columns)
         # a client made now checks the settings (timeout, concurrency,
         # WEBHOOK_ALLOWED_NETWORKS) at start
         self._client()
@@ -148,7 +151,9 @@ class WebhookStage:
         wanted = sorted({task.subscriber_id for task in copies if task.subscriber_id})
         # a short read, committed before the first call goes out
         with conn.begin():
-            rows = conn.execute(self._read.where(self.table.c.id.in_(wanted))).mappings().all()
+            rows = self.adapter.subscription_get_many(
+                conn, table=self.table, ids=wanted, columns=self._columns
+            )
         subscriptions = {row["id"]: row for row in rows}
         deliveries: list[Delivery] = []
         sent: list[TaskRecord] = []

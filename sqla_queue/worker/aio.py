@@ -17,10 +17,12 @@ sync worker's code, not a second copy of it. What differs:
   while one lane's handler awaits I/O, the other lanes' run;
 - idle lanes wait for wake-ups on the loop (``AsyncLaneWakeup``), woken from
   the LISTEN thread, the routines and the signal handler;
-- a coroutine past its time limit is cancelled; as the cancellation may
-  land inside a statement, the batch's connection is given up, its failure
+- the handler returns its coroutine, which the time limit, the innermost
+  middleware of the one list sync and async workers share (``pipeline.py``),
+  awaits: past its limit it is cancelled; as the cancellation may land
+  inside a statement, the batch's connection is given up, its failure
   recorded on a fresh one and its batch-mates handed back (the sync
-  worker's path for a handler it had to abandon);
+  worker's path for a handler it had to abandon: ``timelimit.py``);
 - a watchdog thread warns, naming the task, when one step of a handler
   holds the loop longer than ``blocking_warning_seconds`` (``time.sleep``,
   ``requests``, a CPU loop): every other lane waits meanwhile.
@@ -42,15 +44,16 @@ import time
 from types import FrameType
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only, greenlet_spawn
 
+from ..adapters.sqla_private import async_connection_of
 from ..batching import Gate, LoopGate
 from ..logs import task_fields
 from ..manager import describe_traceback, task_label
 from ..records import TaskRecord
-from ..timelimit import GRACE_SECONDS, TimeLimitExceeded
+from .app import QueueApp
 from .runner import Runner
 from .wakeup import AsyncLaneWakeup
 
@@ -66,8 +69,8 @@ class AsyncRunner(Runner):
     lane_kind = "coroutine lane(s)"
     runs_coroutines = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, app: QueueApp, *, burst: bool = False) -> None:
+        super().__init__(app, burst=burst)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
 
@@ -143,44 +146,13 @@ class AsyncRunner(Runner):
 
     # ------------------------------------------------------------ handlers
     def _handle(self, task: TaskRecord, session: Session) -> Any:
-        try:
-            return await_only(self._run_handler(task, session))
-        except TimeLimitExceeded:
-            # the cancellation may have landed inside a statement: give the
-            # connection up (the manager then records the failure on a fresh
-            # one and hands the batch-mates back), as for an abandoned handler
-            bind = session.bind
-            with contextlib.suppress(Exception):
-                bind.invalidate()  # type: ignore[union-attr]
-            raise
-
-    async def _run_handler(self, task: TaskRecord, session: Session) -> Any:
         # the batch's Session (its savepoint, its transaction), seen through
         # an AsyncSession: the handler awaits its statements. Its bind is the
         # AsyncConnection of the batch's connection, so that session.bind and
         # get_bind() answer as on any AsyncSession (SQLAlchemy keeps one
-        # proxy per connection: this finds the lane's own)
-        handler_session = async_view(session)
-        limit = self.worker.time_limit_for(task)
-        if limit is None:
-            return await self._call(task, handler_session)
-        running = asyncio.ensure_future(self._call(task, handler_session))
-        done, _ = await asyncio.wait({running}, timeout=limit)
-        if done:
-            return running.result()
-        running.cancel()
-        await asyncio.wait({running}, timeout=GRACE_SECONDS)
-        if not running.done():
-            logger.warning(
-                "%s: the handler did not stop within %g s of its cancellation; it is "
-                "abandoned with its connection",
-                task_label(task),
-                GRACE_SECONDS,
-                extra=task_fields(task),
-            )
-        raise TimeLimitExceeded(
-            f"the handler ran past its time limit of {limit:g} s and was cancelled"
-        )
+        # proxy per connection: this finds the lane's own). The coroutine is
+        # awaited by the time limit, the innermost middleware (timelimit.py)
+        return self._call(task, async_view(session))
 
     async def _call(self, task: TaskRecord, session: AsyncSession) -> Any:
         # the watchdog finds the task it names in this frame (_running_task)
@@ -194,7 +166,7 @@ def async_view(session: Session) -> AsyncSession:
     """``session`` (a lane's batch Session, on a connection of an async
     engine) seen through an ``AsyncSession``: the same transaction and
     savepoint, its ``bind`` the ``AsyncConnection`` of that connection."""
-    bind = AsyncConnection._retrieve_proxy_for_target(session.bind)  # type: ignore[arg-type]
+    bind = async_connection_of(session.bind)
     return AsyncSession(bind, sync_session_class=_Given(session))  # type: ignore[arg-type]
 
 

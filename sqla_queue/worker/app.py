@@ -4,12 +4,15 @@
 engine, and builds everything the worker's queue needs: the engine (one
 factory, sized for the lanes), the effective configuration (class attribute,
 environment, ``queue_configuration`` table, default), the adapter, the
-leases and claims, the retry policy, the time limits, the batch stages
-(pub/sub fan-out, webhook delivery), the manager, the maintenance routines
-and their lock provider. The :class:`~sqla_queue.worker.runner.Runner` only
-runs lanes, the heartbeat, the wake-ups and the signals on these parts; the
-operations commands (``maintenance run``, ``requeue``, ``config show``) use
-the root alone and start nothing.
+leases and claims, the limits and fairness, the retry policy, the
+middleware (the time limit, sync or async, and the registered ones), the
+batch stages (pub/sub fan-out, webhook delivery), the manager, the heartbeat,
+the wake-ups, the maintenance routines and their lock provider, for a sync
+and an async worker alike. The :class:`~sqla_queue.worker.runner.Runner`
+takes it built and only runs lanes, the heartbeat, the wake-ups and the
+signals on these parts; ``maintenance run`` uses the root alone and starts
+nothing. An operator's command (cancel, retry-now, pause, requeue) needs
+less: :class:`~sqla_queue.worker.operator.OperatorContext`.
 """
 
 from __future__ import annotations
@@ -18,15 +21,15 @@ import dataclasses
 import logging
 from typing import Any
 
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from ..adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
-from ..adapters.fairness import FairnessQueries
-from ..adapters.limits import LimitQueries, RateBuckets
+from ..adapters import Adapter, ClaimFilter, ErrorKind, Listener, adapter_for
+from ..adapters.limits import RateBuckets
 from ..adapters.liveness import default_bound
-from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS, TableRow
+from ..adapters.sqla_private import pool_max_overflow
+from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS
 from ..configuration_table import (
     configuration_table_of,
     ensure_table,
@@ -37,16 +40,15 @@ from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fairness import FairClaims, check_fair_by, check_key_limit, check_key_rate
 from ..fanout import FanOut
 from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
-from ..leases import Claims, LeasePolicy, new_worker_id
+from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
 from ..limits import LimitedClaims, check_limits, check_rates
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
-from ..manager import ClaimSource, PlainClaims, TaskManager
+from ..manager import ClaimSource, PlainClaims, TaskManager, task_label
 from ..mixins import channel_of
 from ..pipeline import registered_middleware
 from ..ranges import LEASE_SECONDS
 from ..records import TaskRecord
-from ..redaction import redact
 from ..resolution import Effective, resolve
 from ..retry import ExponentialBackoff, LinearBackoff, RetryPolicy
 from ..routing import claim_filter_of
@@ -56,6 +58,7 @@ from ..subscribers import SubscriberMixin
 from ..timelimit import TimeLimiter
 from . import providers
 from .contract import Worker
+from .operator import check_table, database_error, describe, read_configuration
 from .wakeup import AsyncLaneWakeup, LaneWakeup
 
 __all__ = ["QueueApp"]
@@ -110,7 +113,7 @@ class QueueApp:
             self.engine = engine or self._create_engine(url)
             self._check_pool()
             #: the queue_configuration rows (None: no such table, or not read)
-            self.configuration_rows = self._read_configuration(model)
+            self.configuration_rows = read_configuration(self.engine, model)
         #: the engine whose connections the lanes claim and work on: the
         #: worker's, or for async handlers the sync face of an async engine
         #: (its statements run only inside the lanes' greenlets)
@@ -130,8 +133,9 @@ class QueueApp:
         # from here on, every resolved value is read from effective: settings
         # carries what the catalogue does not resolve (URL, tenants, server)
         self.lease = LeasePolicy(effective["lease_seconds"])
-        worker._lease_seconds = self.lease.seconds
-        worker._time_limit_seconds = effective["time_limit"]
+        worker.use_defaults(
+            lease_seconds=self.lease.seconds, time_limit_seconds=effective["time_limit"]
+        )
         claim_filter = claim_filter_of(cls)
         if effective["item_delay"]:
             claim_filter = dataclasses.replace(
@@ -185,8 +189,16 @@ class QueueApp:
         self.claims = Claims(self.worker_id)
         subscriber_table = _subscriber_table(cls)
         self.fanout = FanOut(self.adapter, subscriber_table, worker_name=cls.__name__)
-        self.stage = _webhook_stage(cls, subscriber_table)
-        self.time_limiter = self._time_limiter()
+        self.stage = _webhook_stage(cls, subscriber_table, self.adapter)
+        self.time_limiter = self._time_limiter(in_transaction)
+        if commit_budget_ms is not None:
+            COMMIT_BUDGET_MS.check("commit_budget_ms", commit_budget_ms)
+        else:
+            commit_budget_ms = effective["commit_budget"]
+        #: what the manager claims through: the main source, or while
+        #: processes are paused, a source that skips them (pause_claims)
+        self._main_source = self._claim_source(claim_filter, self.adapter)
+        self._claim_through = _Switchable(self._main_source)
         self.manager = TaskManager(
             self.adapter,
             self._retry_policy(),
@@ -202,15 +214,12 @@ class QueueApp:
             no_retry=cls.no_retry,
             lease_for=self._lease_for(),
             hooks=self.hooks,
+            claim_source=self._claim_through,
+            limited=self._limited_claims(),
+            commit_budget=float(commit_budget_ms) / 1000,
         )
-        if commit_budget_ms is not None:
-            COMMIT_BUDGET_MS.check("commit_budget_ms", commit_budget_ms)
-        else:
-            commit_budget_ms = effective["commit_budget"]
-        self.manager.commit_budget = float(commit_budget_ms) / 1000
-        self.manager.limited = self._limited_claims()
-        self._main_source = self._claim_source(claim_filter, self.adapter)
-        self.manager.claim_source = self._main_source
+        #: renews the leases of the tasks the lanes hold (a thread: leases.py)
+        self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
         #: wakes idle lanes, one a call (the schedule routine calls it too);
         #: coroutine lanes wait on the event loop, woken from any thread
         self.wake = (AsyncLaneWakeup if self.is_async else LaneWakeup)(self.concurrency)
@@ -245,20 +254,12 @@ class QueueApp:
             lock.owner = self.worker_id
         return lock
 
-    def _read_configuration(self, model: Any) -> dict[str, TableRow] | None:
-        """The queue's queue_configuration rows, if the table exists. A
-        database that cannot be reached yet is waited for by run(); its
-        table is then not read (the worker says so)."""
-        table = configuration_table_of(model)
-        try:
-            with self.engine.connect() as conn:
-                return read_rows(conn, table, queue=model.__table__.name)
-        except DBAPIError as exc:
-            logger.warning(
-                "queue_configuration not read (%s): the environment and the defaults apply",
-                _describe(exc),
-            )
-            return None
+    def wakeups(self) -> Listener | None:
+        """The wake-up provider (not started): the queue server's in
+        client-server mode, LISTEN on PostgreSQL, else None (polling)."""
+        return providers.wakeups(
+            self.adapter, self.engine, self.settings, client_name=self.worker_id
+        )
 
     def _retry_policy(self) -> RetryPolicy:
         effective = self.effective
@@ -280,12 +281,13 @@ class QueueApp:
             high = effective.source("backoff_jitter_max")
             raise ConfigurationError(f"{exc} (from {low} and {high})") from None
 
-    def _time_limiter(self) -> TimeLimiter | None:
-        if self.is_async:
-            return None  # a coroutine past its limit is cancelled (worker/aio.py)
+    def _time_limiter(self, in_transaction: bool) -> TimeLimiter | None:
+        """The time limit, innermost of the middleware: a sync handler runs
+        on a helper thread, abandoned past it; an async handler's coroutine
+        is awaited here, cancelled past it (timelimit.py)."""
         cls = type(self.worker)
         per_task = cls.overrides("time_limit_for")
-        if self.effective["time_limit"] is None and not per_task:
+        if self.effective["time_limit"] is None and not per_task and not self.is_async:
             return None
         worker = self.worker
 
@@ -299,9 +301,14 @@ class QueueApp:
                 value,
                 TIME_LIMIT_SECONDS.describe(),
             )
-            return worker._time_limit_seconds
+            return self.effective["time_limit"]  # type: ignore[no-any-return]
 
-        return TimeLimiter(limit_for)
+        return TimeLimiter(
+            limit_for,
+            coroutines=self.is_async,
+            give_up_connection=not in_transaction,
+            describe=task_label,
+        )
 
     def _lease_for(self) -> Any:
         cls = type(self.worker)
@@ -348,7 +355,7 @@ class QueueApp:
         other's connections forever; say so at start."""
         pool = self.engine.pool
         size = getattr(pool, "size", None)
-        overflow = getattr(pool, "_max_overflow", None)
+        overflow = pool_max_overflow(pool)
         if not callable(size) or overflow is None or overflow < 0:
             return  # not a bounded QueuePool
         allowed = size() + overflow
@@ -361,8 +368,7 @@ class QueueApp:
 
     def database_error(self, error: DBAPIError) -> WorkerDatabaseError:
         """``error`` as one line naming the database (without its password)."""
-        where = self.engine.url.render_as_string(hide_password=True)
-        return WorkerDatabaseError(f"database error on {where}: {_describe(error)}")
+        return database_error(self.engine, error)
 
     def _adapter_for(self, claim_filter: ClaimFilter | None) -> Adapter:
         model = type(self.worker).queue_model()
@@ -402,7 +408,7 @@ class QueueApp:
             lambda process: self._adapter_for(
                 dataclasses.replace(base, processes=frozenset({process}))
             ),
-            LimitQueries(self.adapter),
+            self.adapter.limits,
             namespace=f"limits:{table.schema}.{table.name}",
             rates=self._rates,
             buckets=self._rate_buckets() if self._rates else None,
@@ -429,7 +435,7 @@ class QueueApp:
                 if self.adapter.classify(exc) is not ErrorKind.DISCONNECT:
                     raise self.database_error(exc) from exc
                 logger.warning(
-                    "rate limit buckets not ready (%s): made at the first claim", _describe(exc)
+                    "rate limit buckets not ready (%s): made at the first claim", describe(exc)
                 )
             self._buckets = buckets
         return self._buckets
@@ -444,14 +450,14 @@ class QueueApp:
             self.manager.limited.paused = paused
         paused = paused | self._limited
         if paused == self._limited:
-            self.manager.claim_source = self._main_source
+            self._claim_through.current = self._main_source
             return
         source = self._paused_adapters.get(paused)
         if source is None:
             claim_filter = dataclasses.replace(self._claim_filter or ClaimFilter(), paused=paused)
             source = self._claim_source(claim_filter, self._adapter_for(claim_filter))
             self._paused_adapters[paused] = source
-        self.manager.claim_source = source
+        self._claim_through.current = source
 
     def _claim_source(self, claim_filter: ClaimFilter | None, plain: Adapter) -> ClaimSource:
         """How the manager claims through ``plain``: its claim, or for a
@@ -465,7 +471,7 @@ class QueueApp:
             lambda null: self._adapter_for(
                 dataclasses.replace(base, fair_column=self._fair_by, fair_null=null)
             ),
-            FairnessQueries(table, self._fair_by),
+            plain.fairness(self._fair_by),
             key_limit=self._key_limit,
             key_rate=self._key_rate,
             buckets=self._rate_buckets() if self._key_rate is not None else None,
@@ -473,51 +479,8 @@ class QueueApp:
         )
 
     def check_table(self, *, wait_for_database: bool = False) -> None:
-        """Refuse to start on a queue table that does not exist, or that
-        lacks sqla-queue's lease columns: every claim would fail, and the
-        worker would look alive doing nothing. ``wait_for_database``: a
-        database that cannot be reached yet is logged and left to the lanes
-        (which wait for it), not an error."""
-        table = self.adapter.table
-        while True:
-            try:
-                with self.engine.connect() as conn:
-                    exists = inspect(conn).has_table(table.name, schema=table.schema)
-                    missing = self.adapter.missing_columns(conn) if exists else []
-                    proxied = self.adapter.proxied(conn)
-                break
-            except DBAPIError as exc:
-                kind = self.adapter.classify(exc)
-                if kind is ErrorKind.TRANSIENT:
-                    # SQLite's write lock held past the busy timeout by busy
-                    # neighbours: a lane would wait again too, never give up
-                    logger.warning("table check: %s; retrying", _describe(exc))
-                    continue
-                if not wait_for_database or kind is not ErrorKind.DISCONNECT:
-                    raise self.database_error(exc) from exc
-                logger.warning("cannot reach the database yet (%s); retrying", _describe(exc))
-                return
-        where = self.engine.url.render_as_string(hide_password=True)
-        if not exists:
-            raise ConfigurationError(
-                f"the queue table {self.adapter.qualified_name} does not exist in "
-                f"{where}: create it (Base.metadata.create_all(engine), or a migration) "
-                "or check the URL"
-            )
-        if missing:
-            raise ConfigurationError(
-                f"the queue table {self.adapter.qualified_name} in {where} lacks "
-                f"sqla-queue's column(s) {', '.join(missing)} (a table made by "
-                "nsj-queue-lib?): add them as docs/lifecycle.md#leases shows"
-            )
-        if proxied and self.adapter.task_locks:
-            logger.warning(
-                "%s is reached through a pooler or proxy (the server sees another client "
-                "socket): the worker makes no session setting through it, but its per-task "
-                "and routine locks are session locks; behind a transaction-pooling PgBouncer "
-                "set SQLA_QUEUE_TASK_LOCKS=false (docs/pgbouncer.md)",
-                where,
-            )
+        """Refuse to start on a missing or foreign queue table (operator.check_table)."""
+        check_table(self.engine, self.adapter, wait_for_database=wait_for_database)
 
     def _routine_ran(self, run: SlotRun) -> None:
         if self.hooks.wanted(ROUTINE_RAN):
@@ -538,14 +501,17 @@ class QueueApp:
             self.stage.close()
 
 
-def _webhook_stage(cls: type[Worker], subscriber_table: Any) -> WebhookStage | None:
+def _webhook_stage(
+    cls: type[Worker], subscriber_table: Any, adapter: Adapter
+) -> WebhookStage | None:
     """The webhook delivery of a worker class that hands copies to it."""
     if subscriber_table is None:
         return None
     ids = webhook_subscribers_of(cls)
     if ids is not None and not ids:
         return None
-    return WebhookStage(subscriber_table, ids, concurrency=getattr(cls, "webhook_concurrency", 8))
+    concurrency = getattr(cls, "webhook_concurrency", 8)
+    return WebhookStage(subscriber_table, ids, adapter=adapter, concurrency=concurrency)
 
 
 def _subscriber_table(cls: type[Worker]) -> Any:
@@ -556,7 +522,22 @@ def _subscriber_table(cls: type[Worker]) -> Any:
     return None
 
 
-def _describe(exc: DBAPIError) -> str:
-    """The driver's error on one line, without SQL or parameters."""
-    text = redact(str(exc.orig if exc.orig is not None else exc)).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+class _Switchable:
+    """The manager's claim source, switched by :meth:`QueueApp.pause_claims`
+    to one that skips the paused processes (each compiled once)."""
+
+    def __init__(self, current: ClaimSource) -> None:
+        self.current = current
+
+    def claim(
+        self, conn: Connection, *, limit: int, owner: str, lease_seconds: float
+    ) -> list[TaskRecord]:
+        return self.current.claim(conn, limit=limit, owner=owner, lease_seconds=lease_seconds)
+
+    @property
+    def capped(self) -> bool:
+        return self.current.capped
+
+    @property
+    def retry_in(self) -> float | None:
+        return self.current.retry_in

@@ -38,7 +38,6 @@ from ..maintenance.periodic import Periodic, check_periodic
 from ..mixins import QueueMixin
 from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
 from ..records import TaskRecord
-from ..retry import LinearBackoff
 from ..routing import claim_filter_of
 from ..settings import Settings
 from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
@@ -152,7 +151,7 @@ class WorkerBase(abc.ABC):
     #: async workers: warn, naming the task, when a handler holds the event
     #: loop this long without awaiting (time.sleep, requests, a CPU loop)
     blocking_warning_seconds: ClassVar[float] = 0.5
-    #: the effective lease and time limit, set by the runner
+    #: the effective lease and time limit (use_defaults)
     _lease_seconds: float = 30.0
     _time_limit_seconds: float | None = None
 
@@ -189,6 +188,13 @@ class WorkerBase(abc.ABC):
             return self._dispatch_with_tenant(handler, task, session)  # type: ignore[return-value]
         with self.tenant_session(task) as tenant_session:
             return handler(task.payload, task, session, tenant_session)  # type: ignore[no-any-return]
+
+    def use_defaults(self, *, lease_seconds: float, time_limit_seconds: float | None) -> None:
+        """The effective lease and time limit (class attribute, environment,
+        ``queue_configuration``, default), which :meth:`lease_seconds_for`
+        and :meth:`time_limit_for` answer by default; told by ``QueueApp``."""
+        self._lease_seconds = lease_seconds
+        self._time_limit_seconds = time_limit_seconds
 
     def lease_seconds_for(self, task: TaskRecord) -> float:
         """The lease of one task, in seconds. Override for per-task leases
@@ -319,24 +325,6 @@ class WorkerBase(abc.ABC):
                 "tenant_resolver), or drop tenant_session"
             )
         raise ConfigurationError(f"{name} must take {signature}")
-
-    def backoff(self, settings: Settings) -> LinearBackoff:
-        """The retry rule: the class attributes, else the environment's values.
-        An invalid value is reported under the name it came from."""
-        name = type(self).__name__
-        if self.max_retry is not None:
-            max_attempts = MAX_RETRY.check(f"{name}.max_retry", self.max_retry)
-        else:
-            max_attempts = MAX_RETRY.check("QUEUE_MAX_RETRY", settings.max_retry)
-        if self.retry_interval_minutes is not None:
-            interval = BASE_INTERVAL_MINUTES.check(
-                f"{name}.retry_interval_minutes", self.retry_interval_minutes
-            )
-        else:
-            interval = BASE_INTERVAL_MINUTES.check(
-                "QUEUE_BASE_INTERVAL_RETRY", settings.base_interval_retry_minutes
-            )
-        return LinearBackoff(max_attempts=int(max_attempts), base_interval_minutes=interval)
 
     @classmethod
     def check_configuration(cls) -> None:
@@ -510,7 +498,7 @@ class WorkerBase(abc.ABC):
         if type(self).is_async():
             from .aio import AsyncRunner as Runner  # type: ignore[assignment]
 
-        return Runner(
+        return Runner.for_worker(
             self,
             url=url,
             engine=engine,

@@ -32,9 +32,6 @@ class Worker(Protocol):
     no_retry: ClassVar[tuple[type[BaseException], ...]]
     purge_before_delete: ClassVar[Callable[[Connection, Table, Sequence[int]], None] | None]
     periodic: ClassVar[Sequence[Any]]
-    #: set by the runner from the effective configuration
-    _lease_seconds: float
-    _time_limit_seconds: float | None
     blocking_warning_seconds: ClassVar[float]
     fair_by: ClassVar[str | None]
     key_concurrency_limit: ClassVar[int | None]
@@ -61,6 +58,10 @@ class Worker(Protocol):
     def unrouted_warning(cls, table_name: str) -> str | None: ...
 
     def dispatch(self, task: TaskRecord, session: Session) -> str | None: ...
+
+    def use_defaults(self, *, lease_seconds: float, time_limit_seconds: float | None) -> None:
+        """The effective lease and time limit, from the composition root."""
+        ...
 
     def lease_seconds_for(self, task: TaskRecord) -> float: ...
 

@@ -30,11 +30,14 @@ connections: it reconnects and carries on. Only errors that waiting cannot
 fix (authentication, a missing database or table) stop the worker, with one
 line that says which.
 
-The parts the runner drives (engine, adapter, manager, stages, routines)
-are built by :class:`~sqla_queue.worker.app.QueueApp`, the composition root;
-their settings come from the worker class, the environment, the optional
-``queue_configuration`` table and the defaults, in that order
-(``resolution.py``), resolved once when it is made.
+The parts the runner drives (engine, adapter, manager, stages, routines,
+heartbeat, wake-ups) are built by :class:`~sqla_queue.worker.app.QueueApp`,
+the composition root, and handed to the runner built:
+``Runner(QueueApp(worker, engine=...), burst=True)``, or in one call
+``Runner.for_worker(worker, engine=..., burst=True)``. Their settings come
+from the worker class, the environment, the optional ``queue_configuration``
+table and the defaults, in that order (``resolution.py``), resolved once
+when the app is made.
 """
 
 from __future__ import annotations
@@ -59,23 +62,26 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, configure_mappers
 
-from ..adapters import ErrorKind
+from ..adapters import Adapter, ErrorKind
 from ..batching import Gate, Lane, ThreadGate
 from ..exceptions import ConfigurationError
 from ..hooks import LANE_RECONNECTED, LaneEvent
 from ..leases import Heartbeat
 from ..logs import set_worker_id
+from ..maintenance import Maintenance
 from ..maintenance.clock import Clock
-from ..manager import ConnectionLost, describe_traceback
+from ..manager import ConnectionLost, TaskManager, describe_traceback
 from ..pause import PAUSE_CHECK_SECONDS, paused_processes
 from ..records import TaskRecord
 from ..redaction import describe_error
+from ..resolution import Effective
 from ..settings import Settings
 from ..timelimit import TimeLimitExceeded
-from . import providers
-from .app import QueueApp, _describe
+from .app import QueueApp
 from .commitwatch import CommitWatch
 from .contract import Worker
+from .operator import describe as _describe
+from .wakeup import LaneWakeup
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -126,14 +132,41 @@ def lanes_of(queue: str) -> tuple[int, int]:
 
 class Runner:
     """Runs a worker's lanes, heartbeat, wake-ups and signal handlers on the
-    parts of a :class:`~sqla_queue.worker.app.QueueApp` (made here from the
-    same arguments when none is given). ``run()`` returns when the worker
+    parts of a built :class:`~sqla_queue.worker.app.QueueApp`
+    (:meth:`for_worker` builds one). ``run()`` returns when the worker
     stops: at a signal, in burst mode when no task is ready, or when
-    another thread calls ``stop()``."""
+    another thread calls ``stop()``. ``burst``: stop once no task is ready."""
 
-    def __init__(
-        self,
-        worker: Worker | None = None,
+    def __init__(self, app: QueueApp, *, burst: bool = False) -> None:
+        self._check_kind(app.worker)
+        self.app = app
+        self.burst = burst
+        self.stopping = threading.Event()
+        self._errors: list[BaseException] = []
+        self._signals = 0
+        self._trimmed = False
+        self.listener: Any = None
+        #: per lane: whether it runs a batch now
+        self.busy = [False] * app.concurrency
+        #: per lane: its batch's state, shared with the commit watch (batching.py)
+        self.lanes = [
+            Lane(index, self._gate(), app.manager.commit_budget) for index in range(app.concurrency)
+        ]
+        self.commit_watch = CommitWatch(
+            app.manager,
+            self.lanes,
+            single_writer=app.adapter.single_writer,
+            idle_lane=self._spare,
+        )
+        for lane in self.lanes:
+            lane.on_hand_back = self._handed_back
+            lane.on_start = self.commit_watch.busy
+        self._paused: frozenset[str] = frozenset()
+
+    @classmethod
+    def for_worker(
+        cls,
+        worker: Worker,
         *,
         url: str | URL | None = None,
         engine: Engine | None = None,
@@ -143,82 +176,74 @@ class Runner:
         commit_budget_ms: float | None = None,
         settings: Settings | None = None,
         clock: Clock | None = None,
-        app: QueueApp | None = None,
-    ) -> None:
-        if app is not None:
-            if worker is not None and worker is not app.worker:
-                raise ConfigurationError("give Runner a worker or an app, not both")
-            self._check_kind(app.worker)
-        elif worker is None:
-            raise ConfigurationError("give Runner a worker (or an app)")
-        else:
-            # before the app: an async worker's app makes an async engine
-            self._check_kind(worker)
-            app = QueueApp(
-                worker,
-                url=url,
-                engine=engine,
-                concurrency=concurrency,
-                batch_size=batch_size,
-                commit_budget_ms=commit_budget_ms,
-                settings=settings,
-                clock=clock,
-            )
-        self.app = app
-        self.worker = app.worker
-        self.burst = burst
-        self.concurrency = app.concurrency
-        self.batch_size = app.batch_size
-        self.settings = app.settings
-        self.engine = app.engine
-        #: where the lanes' claim and work connections come from
-        self.lane_engine = app.lane_engine
-        self.configuration_rows = app.configuration_rows
-        self.effective = app.effective
-        self.lease = app.lease
-        self.adapter = app.adapter
-        self.worker_id = app.worker_id
-        self.claims = app.claims
-        self.fanout = app.fanout
-        self.stage = app.stage
-        self.time_limiter = app.time_limiter
-        self.manager = app.manager
-        self.clock = app.clock
-        self.maintenance = app.maintenance
-        self.wake = app.wake
-        self.heartbeat = Heartbeat(self.engine, self.adapter, self.claims, self.lease)
-        self.stopping = threading.Event()
-        self._errors: list[BaseException] = []
-        self._signals = 0
-        self._trimmed = False
-        self.listener: Any = None
-        #: per lane: whether it runs a batch now
-        self.busy = [False] * self.concurrency
-        #: per lane: its batch's state, shared with the commit watch (batching.py)
-        self.lanes = [
-            Lane(index, self._gate(), self.manager.commit_budget)
-            for index in range(self.concurrency)
-        ]
-        self.commit_watch = CommitWatch(
-            self.manager,
-            self.lanes,
-            single_writer=self.adapter.single_writer,
-            idle_lane=self._spare,
+    ) -> Runner:
+        """A runner of ``worker`` on a :class:`QueueApp` built from these
+        arguments (see ``QueueApp``), the common case in one call."""
+        cls._check_kind(worker)  # before the app: an async worker's makes an async engine
+        app = QueueApp(
+            worker,
+            url=url,
+            engine=engine,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            commit_budget_ms=commit_budget_ms,
+            settings=settings,
+            clock=clock,
         )
-        for lane in self.lanes:
-            lane.on_hand_back = self._handed_back
-            lane.on_start = self.commit_watch.busy
-        self._paused: frozenset[str] = frozenset()
+        return cls(app, burst=burst)
+
+    # the parts the lanes use most, read from the app
+    @property
+    def worker(self) -> Worker:
+        return self.app.worker
+
+    @property
+    def engine(self) -> Engine:
+        return self.app.engine
+
+    @property
+    def lane_engine(self) -> Engine:
+        """Where the lanes' claim and work connections come from."""
+        return self.app.lane_engine
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.app.adapter
+
+    @property
+    def manager(self) -> TaskManager:
+        return self.app.manager
+
+    @property
+    def effective(self) -> Effective:
+        return self.app.effective
+
+    @property
+    def maintenance(self) -> Maintenance:
+        return self.app.maintenance
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        return self.app.heartbeat
+
+    @property
+    def wake(self) -> LaneWakeup:
+        return self.app.wake
+
+    @property
+    def concurrency(self) -> int:
+        return self.app.concurrency
 
     def _spare(self) -> bool:
         """Another lane waits for work: the process has capacity to spare
         (the commit watch's hand-backs: commitwatch.py)."""
         return self.wake.waiting > 0
 
-    def _check_kind(self, worker: Worker) -> None:
+    @classmethod
+    def _check_kind(cls, worker: Worker) -> None:
         """Refuse a worker whose handlers are of the other kind."""
         is_async = type(worker).is_async()
-        if is_async != self.runs_coroutines:
+        if is_async != cls.runs_coroutines:
             name = type(worker).__name__
             raise ConfigurationError(
                 f"{name}'s handlers are coroutine functions: run it with "
@@ -231,20 +256,16 @@ class Runner:
 
     def run(self) -> int:
         self.app.check_table(wait_for_database=not self.burst)
-        listener = None
-        if not self.burst:
-            listener = providers.wakeups(
-                self.adapter, self.engine, self.settings, client_name=self.worker_id
-            )
+        listener = None if self.burst else self.app.wakeups()
         if listener is not None:
             listener.start(self.wake)  # a queue server that refuses us stops the worker here
             ready = getattr(listener, "listening", None)
             # the queue server's client connects within start(); LISTEN's thread after it
-            if ready is not None and not self.settings.server.enabled:
+            if ready is not None and not self.app.settings.server.enabled:
                 ready.wait(LISTEN_READY_TIMEOUT_SECONDS)
         self.listener = listener
         _running.add(self)
-        set_worker_id(self.worker_id)
+        set_worker_id(self.app.worker_id)
         self._check_paused()  # before the first claim
         pauses = threading.Thread(target=self._watch_paused, name="sqla-queue-pause", daemon=True)
         pauses.start()
@@ -261,7 +282,7 @@ class Runner:
         logger.info(
             "worker %s (%s): %d %s on %s (%s)%s",
             type(self.worker).__name__,
-            self.worker_id,
+            self.app.worker_id,
             self.concurrency,
             self.lane_kind,
             self.adapter.qualified_name,
@@ -418,7 +439,7 @@ class Runner:
         self._pause(RECONNECT_DELAY_SECONDS)
 
     def _lane_loop(self, index: int) -> None:
-        limit = BatchLimit(self.batch_size, self.worker.batch_seconds)
+        limit = BatchLimit(self.app.batch_size, self.worker.batch_seconds)
         manager = self.manager
         #: burst: whether the due tasks were promoted since the last claim
         #: that found tasks, so that an empty claim now means none is ready

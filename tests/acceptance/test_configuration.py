@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sqla_queue import ConfigurationError, WorkerBase
+from sqla_queue.resolution import resolve
 from sqla_queue.settings import Settings
 from tests.conftest import run_cli
 from tests.support import bad_workers
@@ -151,37 +152,39 @@ def test_run_checks_the_class_before_connecting() -> None:
 
 
 class TestBackoffNamesTheSource:
-    """The retry rule's values come from the class or from the environment;
-    an invalid one is reported under the name it came from."""
+    """The retry rule's values come from the class or from the environment
+    (``resolve``); an invalid one is reported under the name it came from."""
 
     def test_class_attribute_is_named(self) -> None:
-        worker = bad_workers.Good()
-        worker.max_retry = 0  # set on the instance, after check_configuration ran
+        class Good(bad_workers.Good):
+            max_retry = 0
+
         with pytest.raises(ConfigurationError, match=r"^Good\.max_retry must be"):
-            worker.backoff(Settings())
+            resolve(Good, Settings())
 
     def test_environment_variable_is_named(self) -> None:
         with pytest.raises(ConfigurationError, match=r"^QUEUE_MAX_RETRY must be"):
-            bad_workers.Good().backoff(Settings(max_retry=0))
+            Settings.from_env({"QUEUE_MAX_RETRY": "0"})
 
     def test_interval_from_the_class_is_named(self) -> None:
-        worker = bad_workers.Good()
-        worker.retry_interval_minutes = math.nan
+        class Good(bad_workers.Good):
+            retry_interval_minutes = math.nan
+
         with pytest.raises(ConfigurationError, match=r"^Good\.retry_interval_minutes must be"):
-            worker.backoff(Settings())
+            resolve(Good, Settings())
 
     def test_interval_from_the_environment_is_named(self) -> None:
-        settings = Settings(base_interval_retry_minutes=math.inf)
         with pytest.raises(ConfigurationError, match=r"^QUEUE_BASE_INTERVAL_RETRY must be"):
-            bad_workers.Good().backoff(settings)
+            Settings.from_env({"QUEUE_BASE_INTERVAL_RETRY": "inf"})
 
     def test_class_values_win_over_the_environment(self) -> None:
         class Tuned(bad_workers.Good):
             max_retry = 4
             retry_interval_minutes = 0.5
 
-        backoff = Tuned().backoff(Settings(max_retry=9, base_interval_retry_minutes=2))
-        assert (backoff.max_attempts, backoff.base_interval_minutes) == (4, 0.5)
+        settings = Settings.from_env({"QUEUE_MAX_RETRY": "9", "QUEUE_BASE_INTERVAL_RETRY": "2"})
+        effective = resolve(Tuned, settings)
+        assert (effective["max_retry"], effective["retry_interval_minutes"]) == (4, 0.5)
 
 
 def test_an_engine_whose_pool_cannot_hold_the_lanes_is_refused(tmp_path: Path) -> None:

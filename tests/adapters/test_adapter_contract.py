@@ -13,87 +13,16 @@ where a capability is missing, the operation must raise
 from __future__ import annotations
 
 import datetime as dt
-import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, create_engine, select, update
+from sqlalchemy import Connection, select, update
 
 from sqla_queue import UnsupportedOperationError
-from sqla_queue.adapters import Adapter, ErrorKind, adapter_for
+from sqla_queue.adapters import ErrorKind
 from sqla_queue.client import _task_row
-from sqla_queue.mixins import channel_of
-from sqla_queue.settings import normalize_url
 from sqla_queue.types import utcnow
-from tests.conftest import server_url, wait_until
-from tests.support.app import App, build
-from tests.support.servers import PgBouncer
-
-DATABASES = ["sqlite", "postgresql", "pgbouncer", "mysql", "singlestore"]
-OWNER, OTHER = "worker-a", "worker-b"
-
-
-@dataclass
-class Contract:
-    engine: Engine
-    adapter: Adapter
-    app: App
-
-    def insert(self, conn: Connection, **values: Any) -> int:
-        """One task, as QueueClient.insert_task writes it."""
-        row = _task_row(
-            {"processo": "faturar", "payload": {"n": 1}, **values}, pub_sub=False, now=utcnow()
-        )
-        return self.adapter.task_insert_one(conn, row=row)
-
-    def status(self, task_id: int) -> str:
-        c = self.adapter.table.c
-        with self.engine.connect() as conn:
-            return str(conn.execute(select(c.status).where(c.id == task_id)).scalar())
-
-    def claim(self, limit: int = 10, owner: str = OWNER) -> list[int]:
-        with self.engine.connect() as conn:
-            with conn.begin():
-                tasks = self.adapter.task_claim_many(
-                    conn, limit=limit, owner=owner, lease_seconds=30
-                )
-            return [task.id for task in tasks]
-
-
-@pytest.fixture(params=DATABASES)
-def contract(request: pytest.FixtureRequest, tmp_path: Path, table_name: str) -> Iterator[Contract]:
-    kind = request.param
-    task_locks = True
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'queue.db'}"
-    elif kind == "singlestore":
-        url = os.environ.get("SQLA_QUEUE_TEST_SINGLESTORE_URL", "")
-        if not url:
-            pytest.skip("no SingleStore server: set SQLA_QUEUE_TEST_SINGLESTORE_URL")
-    elif kind == "pgbouncer":
-        factory: Callable[..., PgBouncer] = request.getfixturevalue("pgbouncer_factory")
-        url = factory("transaction", pool_size=4).url
-        task_locks = False  # docs/pgbouncer.md: session locks leak behind transaction pooling
-    else:
-        url = server_url(kind)
-    engine = create_engine(normalize_url(url))
-    app = build(table_name)
-    app.Base.metadata.create_all(engine)
-    table: Any = app.Task.__table__
-    adapter = adapter_for(engine.dialect, table, channel_of(app.Task, table), task_locks=task_locks)
-    adapter.prepare_engine(engine)
-    try:
-        yield Contract(engine, adapter, app)
-    finally:
-        app.Base.metadata.drop_all(engine)
-        engine.dispose()
-
-
-def _past(minutes: float) -> dt.datetime:
-    return utcnow() - dt.timedelta(minutes=minutes)
+from tests.adapters.conftest import OTHER, OWNER, Contract, past
+from tests.conftest import wait_until
 
 
 # ------------------------------------------------------------------ enqueue
@@ -114,9 +43,9 @@ def test_inserted_ids_grow_and_rows_start_pendente(contract: Contract) -> None:
 # ------------------------------------------------------------------ claims
 def test_a_claim_takes_ready_tasks_by_priority_then_time_then_id(contract: Contract) -> None:
     with contract.engine.begin() as conn:
-        late = contract.insert(conn, data_hora=_past(1))
-        early = contract.insert(conn, data_hora=_past(5))
-        urgent = contract.insert(conn, data_hora=_past(1), prioridade=90)
+        late = contract.insert(conn, data_hora=past(1))
+        early = contract.insert(conn, data_hora=past(5))
+        urgent = contract.insert(conn, data_hora=past(1), prioridade=90)
         future = contract.insert(conn, data_hora=utcnow() + dt.timedelta(hours=1))
     assert contract.claim(limit=2) == [urgent, early]
     assert contract.claim(limit=10) == [late]  # the future one is agendada
@@ -158,7 +87,7 @@ def test_update_claimed_checks_owner_and_lease(contract: Contract) -> None:
     c = adapter.table.c
     with contract.engine.begin() as conn:
         lease = conn.execute(select(c.lease_expires_at).where(c.id == task_id)).scalar()
-        wrong_lease = _past(60)
+        wrong_lease = past(60)
         changed = adapter.task_update_claimed(
             conn,
             task_id=task_id,
@@ -186,7 +115,7 @@ def test_a_lease_renewal_moves_the_lease_of_the_owners_tasks(contract: Contract)
         task_id = contract.insert(conn)
     contract.claim()
     with contract.engine.begin() as conn:
-        conn.execute(update(adapter.table).where(c.id == task_id).values(lease_expires_at=_past(1)))
+        conn.execute(update(adapter.table).where(c.id == task_id).values(lease_expires_at=past(1)))
     with contract.engine.begin() as conn:
         assert adapter.task_lease_renew(conn, ids=[task_id], owner=OTHER, lease_seconds=60) == 0
         assert adapter.task_lease_renew(conn, ids=[task_id], owner=OWNER, lease_seconds=60) == 1
@@ -216,7 +145,7 @@ def test_due_scheduled_tasks_are_promoted_and_the_next_is_known(contract: Contra
         due = contract.insert(conn, data_hora=utcnow() + dt.timedelta(minutes=1))
         later = contract.insert(conn, data_hora=soon)
         # due now: its time came while it waited
-        conn.execute(update(adapter.table).where(c.id == due).values(data_hora=_past(1)))
+        conn.execute(update(adapter.table).where(c.id == due).values(data_hora=past(1)))
     with contract.engine.begin() as conn:
         assert adapter.task_ready_exists(conn)
         assert adapter.task_promote_due(conn) == 1
@@ -237,9 +166,7 @@ def test_the_rescue_finds_claims_whose_lease_ran_out(contract: Contract) -> None
         with claim_conn.begin():
             adapter.task_claim_many(claim_conn, limit=2, owner=OWNER, lease_seconds=30)
         with contract.engine.begin() as conn:
-            conn.execute(
-                update(adapter.table).where(c.id == lost).values(lease_expires_at=_past(1))
-            )
+            conn.execute(update(adapter.table).where(c.id == lost).values(lease_expires_at=past(1)))
         with contract.engine.begin() as conn:
             found = [task.id for task in adapter.task_rescue_lost(conn, limit=10)]
         # an expired lease is lost whatever its lock; a live lease with its

@@ -33,10 +33,6 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for, adapter_of
-from sqla_queue.adapters.fairness import FairnessQueries
-from sqla_queue.adapters.inspection import InspectionQueries
-from sqla_queue.adapters.limits import LimitQueries
-from sqla_queue.adapters.unique import UniqueQueries
 from sqla_queue.configuration_table import configuration_table_of
 from sqla_queue.fairness import FairClaims
 from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
@@ -105,7 +101,7 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
     class Periodical(app.RecordingWorker):  # type: ignore[name-defined,misc]
         periodic = (Periodic("probe", "@every 1s", process="faturar"),)
 
-    runner = Runner(Periodical(), engine=engine, settings=settings)
+    runner = Runner.for_worker(Periodical(), engine=engine, settings=settings)
     adapter, owner = runner.adapter, "probe"
     with plain.begin() as conn:  # everything a day old: the purge and the TTL have work
         conn.execute(update(app.Task).values(data_hora=utcnow() - dt.timedelta(days=1)))
@@ -148,7 +144,7 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
     write (all but a status's first pass over the finished chains, which
     reads them all by design: docs/operations.md; its later calls read
     primary-key ranges)."""
-    queries = InspectionQueries(adapter)
+    queries = adapter.inspection
     with Session(engine) as session, session.begin():
         client = QueueClient(session, app.Task.__tablename__)
         ready = client.insert_task(processo="operar", payload={"n": 1})
@@ -164,9 +160,9 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
             queries.closed_range(conn, since=utcnow(), low=ready, high=ready + 65_535, size=65_536)
             queries.running(conn, limit=20)
             # a limited process's running tasks (sqla_queue/limits.py)
-            LimitQueries(adapter).running(conn, "operar")
+            adapter.limits.running(conn, "operar")
             # a unique task's chain (sqla_queue/unique.py)
-            UniqueQueries(adapter.table, adapter.table).newest_attempt(conn, ready)
+            adapter.unique(adapter.table).newest_attempt(conn, ready)
             queries.newest_failures(conn, limit=10)
             queries.task_row(conn, task_id=ready)
             queries.chain_rows(conn, keys=[ready])
@@ -191,7 +187,7 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
             adapter.channel,
             claim_filter=dataclasses.replace(keyed, fair_null=null),
         ),
-        FairnessQueries(adapter.table, "tenant"),
+        adapter.fairness("tenant"),
     )
     taken = claim_twice(engine, adapter, fair.task_claim_many, limit=8, owner="fair")
     assert len(taken) >= 4

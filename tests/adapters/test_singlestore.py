@@ -269,7 +269,9 @@ def test_failed_attempts_roll_back_through_the_singlestoredb_driver(
     app = mariadb_app
     [first] = _insert(ss_engine, app, [{"fail": "always"}])
     worker = app.FailingWorker()  # max_retry 3, writes its Effect, then fails
-    assert Runner(worker, engine=ss_engine, burst=True, settings=CLIENT_SERVER).run() == 0
+    assert (
+        Runner.for_worker(worker, engine=ss_engine, burst=True, settings=CLIENT_SERVER).run() == 0
+    )
     with ss_engine.connect() as conn:
         rows = conn.execute(
             select(app.Task.attempt, app.Task.dead, app.Task.status).order_by(app.Task.id)
@@ -360,7 +362,7 @@ def test_real_singlestore_worker_runs_the_retry_chain(singlestore: tuple[Engine,
     engine, app = singlestore
     _insert(engine, app, [{"n": 1}, {"fail": "x"}])
     worker = app.FailingWorker()
-    assert Runner(worker, engine=engine, burst=True, settings=CLIENT_SERVER).run() == 0
+    assert Runner.for_worker(worker, engine=engine, burst=True, settings=CLIENT_SERVER).run() == 0
     with engine.connect() as conn:
         notes = conn.execute(select(app.Effect.note)).scalars().all()
     assert sorted(notes) == ["dead", "dead"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import Engine, create_engine, event, func, insert, inspect, select, text
 from sqlalchemy.exc import DataError
 from sqlalchemy.ext.asyncio import (
@@ -503,9 +504,11 @@ def test_import_sqla_queue_and_sync_enqueue_need_no_greenlet(tmp_path: Path) -> 
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    count, imported, message = done.stdout.splitlines()
+    count, imported, *message = done.stdout.splitlines()
     assert (count, imported) == ("2", "False")
-    assert "greenlet" in message and "pip install 'sqla-queue[postgresql]'" in message
+    if sqlalchemy.__version__.startswith("2.0."):
+        return  # 2.0 requires greenlet itself, and its asyncio extension imports without it
+    assert "greenlet" in message[0] and "pip install 'sqla-queue[postgresql]'" in message[0]
 
 
 # ------------------------------------------------------- AsyncQueueClient

@@ -41,7 +41,7 @@ def aapp(app: App) -> AsyncApp:
 
 def drain(worker: type[WorkerBase], engine: Engine, **options: Any) -> Runner:
     kind = AsyncRunner if worker.is_async() else Runner
-    runner = kind(worker(), engine=engine, burst=True, settings=Settings(), **options)
+    runner = kind.for_worker(worker(), engine=engine, burst=True, settings=Settings(), **options)
     assert runner.run() == 0
     return runner
 
@@ -106,7 +106,9 @@ def test_coroutine_lanes_run_their_handlers_at_once(
     class Worker(aapp.Blocking):  # type: ignore[name-defined,misc]
         batch_size = 1
 
-    runner = AsyncRunner(Worker(), engine=engine, burst=True, concurrency=4, settings=Settings())
+    runner = AsyncRunner.for_worker(
+        Worker(), engine=engine, burst=True, concurrency=4, settings=Settings()
+    )
     thread = threading.Thread(target=runner.run)
     thread.start()
     try:
@@ -165,7 +167,9 @@ def test_an_idle_async_worker_is_woken_and_stops_at_once(
 ) -> None:
     """Not burst: the lanes wait on the loop; a task enqueued later runs
     (NOTIFY on PostgreSQL, the poll elsewhere) and stop() ends the wait."""
-    runner = AsyncRunner(aapp.Recording(), engine=engine, concurrency=2, settings=Settings())
+    runner = AsyncRunner.for_worker(
+        aapp.Recording(), engine=engine, concurrency=2, settings=Settings()
+    )
     thread = threading.Thread(target=runner.run)
     thread.start()
     try:
@@ -210,7 +214,7 @@ def test_async_pubsub_subscribers(db_url: str, papp: Any, pengine: Engine) -> No
     )
     publish(pengine, papp, {"order": 7})
     assert Subscribers.is_async()
-    runner = AsyncRunner(Subscribers(), engine=pengine, burst=True, settings=Settings())
+    runner = AsyncRunner.for_worker(Subscribers(), engine=pengine, burst=True, settings=Settings())
     assert isinstance(runner, AsyncRunner) and runner.run() == 0
     assert sorted(seen) == [("audit", {"order": 7}), ("billing", {"order": 7})]
 
@@ -247,7 +251,7 @@ def test_an_async_generator_handler_is_refused(app: App) -> None:
 
 def test_an_async_worker_on_in_memory_sqlite_is_refused(app: App, aapp: AsyncApp) -> None:
     with pytest.raises(ConfigurationError, match="cannot share an in-memory SQLite database"):
-        AsyncRunner(aapp.Recording(), url="sqlite://", settings=Settings())
+        AsyncRunner.for_worker(aapp.Recording(), url="sqlite://", settings=Settings())
 
 
 def test_the_blocking_warning_threshold_is_checked(app: App, aapp: AsyncApp) -> None:
@@ -259,7 +263,9 @@ def test_the_blocking_warning_threshold_is_checked(app: App, aapp: AsyncApp) -> 
 
 
 def test_the_async_lanes_use_their_own_engine(engine: Engine, app: App, aapp: AsyncApp) -> None:
-    runner = AsyncRunner(aapp.Recording(), engine=engine, concurrency=3, settings=Settings())
+    runner = AsyncRunner.for_worker(
+        aapp.Recording(), engine=engine, concurrency=3, settings=Settings()
+    )
     assert runner.lane_engine is not engine
     assert runner.lane_engine.dialect.is_async
     assert runner.lane_engine.pool.size() == 7  # two a lane and one fresh  # type: ignore[attr-defined]
@@ -301,13 +307,13 @@ def test_each_runner_refuses_the_other_kind_of_worker(
     built: list[object] = []
     monkeypatch.setattr(runner_module, "QueueApp", lambda *a, **k: built.append(a))
     with pytest.raises(ConfigurationError) as error:
-        Runner(aapp.Recording(), engine=engine, settings=Settings())
+        Runner.for_worker(aapp.Recording(), engine=engine, settings=Settings())
     assert str(error.value) == (
         "Recording's handlers are coroutine functions: run it with "
         "sqla_queue.worker.AsyncRunner, or with its run()"
     )
     with pytest.raises(ConfigurationError, match="are not coroutine functions: run it with Runner"):
-        AsyncRunner(app.RecordingWorker(), engine=engine, settings=Settings())
+        AsyncRunner.for_worker(app.RecordingWorker(), engine=engine, settings=Settings())
     assert built == []
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import (
     BigInteger,
+    Connection,
     Engine,
     Integer,
     String,
@@ -51,7 +52,7 @@ servers = pytest.mark.parametrize("db_url", ["postgresql", "mysql"], indirect=Tr
 
 def runner(worker: type[WorkerBase], engine: Engine) -> Runner:
     """A worker's runner, not started: its manager claims, runs and rescues."""
-    return Runner(worker(), engine=engine, settings=Settings())
+    return Runner.for_worker(worker(), engine=engine, settings=Settings())
 
 
 def expire_lease(engine: Engine, app: App, task_id: int) -> None:
@@ -67,6 +68,12 @@ def expire_lease(engine: Engine, app: App, task_id: int) -> None:
 def rescue(worker: Runner) -> int:
     with worker.adapter.connect_maintenance(worker.engine) as conn:
         return worker.manager.rescue(conn)
+
+
+def promote_due(worker: Runner, conn: Connection) -> int:
+    """The schedule routine's promotion of due tasks, in a transaction of its own."""
+    with conn.begin():
+        return worker.adapter.task_promote_due(conn)
 
 
 def backend_id(conn: Any) -> int:
@@ -160,7 +167,7 @@ def test_heartbeat_keeps_a_task_longer_than_its_lease_from_the_rescue(
             return super().execute(payload, task, session)
 
     long = runner(Long, engine)
-    heartbeat = Heartbeat(engine, long.adapter, long.claims, long.lease)
+    heartbeat = Heartbeat(engine, long.adapter, long.app.claims, long.app.lease)
     heartbeat.start()
     try:
         with long.adapter.connect_claim(engine) as claim, engine.connect() as work:
@@ -230,7 +237,7 @@ def test_promotion_skips_a_due_row_an_application_transaction_holds(
         application.execute(select(app.Task).where(app.Task.id == ids[0]).with_for_update())
         with worker.adapter.connect_claim(engine) as claim:
             thread = threading.Thread(
-                target=lambda: promoted.append(worker.manager.promote_due(claim)), daemon=True
+                target=lambda: promoted.append(promote_due(worker, claim)), daemon=True
             )
             thread.start()
             thread.join(timeout=10)
@@ -606,8 +613,8 @@ def test_a_lane_never_drops_another_lanes_claim_of_the_same_task(
                 assert b_claimed.wait(30)
             super().discard(ids)
 
-    claims = Orchestrated(worker.claims.owner)
-    worker.claims = worker.manager.claims = worker.heartbeat.claims = claims
+    claims = Orchestrated(worker.app.claims.owner)
+    worker.app.claims = worker.manager.claims = worker.heartbeat.claims = claims
     errors: list[BaseException] = []
 
     def lane_a() -> None:
@@ -734,7 +741,7 @@ def test_a_claim_filter_computed_at_each_claim_stays_on_sqlalchemys_path(
 
     enqueue(engine, app, {"n": 1})
     delayed = Settings.from_env({"SQLA_QUEUE_ITEM_DELAY": "3600"})
-    worker = Runner(app.RecordingWorker(), engine=engine, settings=delayed)
+    worker = Runner.for_worker(app.RecordingWorker(), engine=engine, settings=delayed)
     assert worker.adapter._direct_claim(engine.dialect, 1) is None  # type: ignore[attr-defined]
     with worker.adapter.connect_claim(engine) as claim:
         assert worker.manager.claim(claim, limit=1) == []

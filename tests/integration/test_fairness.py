@@ -13,7 +13,7 @@ from sqlalchemy import Engine, func, insert, inspect, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, QueueClient, WorkerBase, payload_key
-from sqla_queue.adapters.fairness import FairnessQueries
+from sqla_queue.adapters import adapter_of
 from sqla_queue.settings import Settings
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import spawned, worker_env
@@ -49,7 +49,7 @@ def run_order(engine: Engine, app: App) -> list[int]:
 
 
 def drain(worker: type[WorkerBase], engine: Engine) -> None:
-    assert Runner(worker(), engine=engine, burst=True, settings=Settings()).run() == 0
+    assert Runner.for_worker(worker(), engine=engine, burst=True, settings=Settings()).run() == 0
 
 
 def run_fleet(app: App, db_url: str, probe: Path, worker: str, *, lanes: int) -> None:
@@ -96,7 +96,7 @@ def test_the_keys_go_round(fengine: Engine, fapp: App) -> None:
     for tenant in (5, 1, 3, 2):
         enqueue(fengine, fapp, tenant, 2)
     enqueue(fengine, fapp, None, 1)
-    queries = FairnessQueries(fapp.Task.__table__, "tenant")
+    queries = adapter_of(fengine.dialect, fapp.Task.__table__).fairness("tenant")
     with fengine.connect() as conn:
         assert queries.keys(conn, after=None, limit=2) == [1, 2]
         assert queries.keys(conn, after=2, limit=3) == [3, 5, 1]
@@ -118,7 +118,7 @@ def test_fair_by_needs_the_models_declaration(app: App, engine: Engine) -> None:
         fair_by = "tenant"
 
     with pytest.raises(ConfigurationError) as error:
-        Runner(Worker(), engine=engine, settings=Settings())
+        Runner.for_worker(Worker(), engine=engine, settings=Settings())
     table = app.Task.__table__.name
     assert str(error.value) == (
         f"Worker.fair_by = 'tenant': add it to Task.__queue_fair_by__ (the index of a fair "
@@ -129,7 +129,7 @@ def test_fair_by_needs_the_models_declaration(app: App, engine: Engine) -> None:
         fair_by = "tennant"
 
     with pytest.raises(ConfigurationError, match=r"Typo\.fair_by must be the name of a column"):
-        Runner(Typo(), engine=engine, settings=Settings())
+        Runner.for_worker(Typo(), engine=engine, settings=Settings())
 
 
 def test_a_bad_declaration_is_one_clear_error() -> None:
@@ -168,13 +168,13 @@ def test_a_key_limit_needs_fair_by(
 ) -> None:
     worker = type("Worker", (app.RecordingWorker,), {attribute: value})
     with pytest.raises(ConfigurationError) as error:
-        Runner(worker(), engine=engine, settings=Settings())
+        Runner.for_worker(worker(), engine=engine, settings=Settings())
     assert str(error.value) == (
         f"Worker.{attribute} limits the tasks of each key of fair_by: set fair_by"
     )
     zero = type("Zero", (app.RecordingWorker,), {attribute: 0})
     with pytest.raises(ConfigurationError, match=message):
-        Runner(zero(), engine=engine, settings=Settings())
+        Runner.for_worker(zero(), engine=engine, settings=Settings())
 
 
 def test_a_key_is_claimed_no_faster_than_its_rate_across_the_fleet(
@@ -301,7 +301,7 @@ def test_a_payload_key_is_checked(papp: App, pengine: Engine, installed: None) -
         fair_by = "payload.nada"
 
     with pytest.raises(ConfigurationError) as error:
-        Runner(Unknown(), engine=pengine, settings=Settings())
+        Runner.for_worker(Unknown(), engine=pengine, settings=Settings())
     assert str(error.value).startswith(
         "Unknown.fair_by = 'payload.nada': no column of "
     ) and "\n" not in str(error.value)

@@ -56,7 +56,7 @@ def test_observers_see_each_outcome_after_its_commit(
     registry.on(hooks.BATCH_COMMITTED)(batches.append)
 
     parts = QueueApp(Billing(), engine=engine, settings=Settings(), hooks=registry)
-    assert Runner(app=parts, burst=True).run() == 0
+    assert Runner(parts, burst=True).run() == 0
 
     with engine.connect() as conn:
         [dead_run] = conn.execute(select(app.Task.id).where(app.Task.dead.is_(True))).scalars()
@@ -86,7 +86,7 @@ def test_an_observer_that_raises_changes_no_outcome(
 
     parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), hooks=registry)
     with caplog.at_level(logging.WARNING, logger="sqla_queue.hooks"):
-        assert Runner(app=parts, burst=True).run() == 0
+        assert Runner(parts, burst=True).run() == 0
     assert status_of(engine, app, task_id) == "sucesso"
     [line] = [r.getMessage() for r in caplog.records if r.name == "sqla_queue.hooks"]
     assert "broken" in line and "task_succeeded" in line and "metrics backend is down" in line

@@ -76,10 +76,12 @@ def test_handlers_that_work_idle_and_the_listen_connection_outlive_the_idle_time
     with reader.connect() as conn:  # the setting reached the sessions of this database
         assert conn.execute(text("SHOW idle_session_timeout")).scalar() == f"{IDLE_MS}ms"
     if kind == "sync":
-        runner = Runner(app.RecordingWorker(), engine=engine, concurrency=2, settings=Settings())
+        runner = Runner.for_worker(
+            app.RecordingWorker(), engine=engine, concurrency=2, settings=Settings()
+        )
     else:
         worker = build_async(app).Recording()
-        runner = AsyncRunner(worker, engine=engine, concurrency=2, settings=Settings())
+        runner = AsyncRunner.for_worker(worker, engine=engine, concurrency=2, settings=Settings())
     thread = threading.Thread(target=runner.run)
     caplog.set_level(logging.WARNING)
     thread.start()

@@ -85,7 +85,7 @@ def totals_of(processes: dict[str, dict[str, int]]) -> dict[str, int]:
 
 # ------------------------------------------------------------ the scenario
 def runner(worker: type, engine: Engine) -> Runner:
-    return Runner(worker(), engine=engine, settings=Settings())
+    return Runner.for_worker(worker(), engine=engine, settings=Settings())
 
 
 def build_history(engine: Engine, app: App) -> dict[str, int]:
@@ -451,6 +451,45 @@ def test_status_json_and_task_and_the_action_commands(
     assert usage.returncode == 2 and "give --task ID" in usage.stderr
 
 
+#: what only a running worker needs: an operator's command does not import it
+WORKER_ONLY = (
+    "sqla_queue.worker.app",
+    "sqla_queue.worker.runner",
+    "sqla_queue.fairness",
+    "sqla_queue.fanout",
+)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_cancel_builds_no_worker(engine: Engine, app: App, installed: None, db_url: str) -> None:
+    """``cancel`` needs the configuration and the adapter (worker/operator.py),
+    not the parts of a running worker (QueueApp: claims, fairness, stages)."""
+    with Session(engine) as session, session.begin():
+        task = app.Task(process="relatorio", payload={"n": 1})
+        session.add(task)
+        session.flush()
+        task_id = task.id
+    worker = "tests.support.app:RecordingWorker"
+    command = ["cancel", worker, "--url", db_url, "--task", str(task_id)]
+    program = (
+        "import sys\n"
+        "from sqla_queue.cli import main\n"
+        f"main({command!r}, standalone_mode=False)\n"
+        f"print(' '.join(m for m in {WORKER_ONLY!r} if m in sys.modules))\n"
+    )
+    env = {**os.environ, "SQLA_QUEUE_TEST_TABLE": app.Task.__tablename__, "PYTHONPATH": REPO}
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    cancelled, imported = done.stdout.splitlines()
+    assert cancelled == f"task {task_id}: cancelled (attempt {task_id})"
+    assert imported.split() == []
+    with engine.connect() as conn:
+        status = conn.execute(select(app.Task.status).where(app.Task.id == task_id)).scalar()
+    assert status == "falha"
+
+
 def test_a_failed_attempt_keeps_its_traceback_masked_and_bounded(
     engine: Engine, app: App, installed: None
 ) -> None:
@@ -507,7 +546,7 @@ def test_status_shows_which_routine_lock_is_held_by_whom(engine: Engine, app: Ap
     """A running worker's routine locks, each with the server session that
     holds it and, on PostgreSQL, the worker's id (its session's name); SQLite
     cannot say (a lock file), and shows none."""
-    runner = Runner(app.RecordingWorker(), engine=engine, settings=Settings())
+    runner = Runner.for_worker(app.RecordingWorker(), engine=engine, settings=Settings())
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:

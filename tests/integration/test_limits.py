@@ -269,7 +269,7 @@ def test_the_purge_deletes_the_rate_buckets_that_are_full_and_keeps_the_others(
     (written before the rate was kept). The next claim of a forgotten
     bucket finds it full."""
     from sqla_queue.adapters import adapter_of
-    from sqla_queue.adapters.limits import LimitQueries, RateBuckets
+    from sqla_queue.adapters.limits import RateBuckets
     from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
     from sqla_queue.limits import claim_within_rate
     from sqla_queue.maintenance import Every, PurgeRoutine
@@ -283,7 +283,7 @@ def test_the_purge_deletes_the_rate_buckets_that_are_full_and_keeps_the_others(
             return has_queue_name(conn, settings)
 
     buckets = RateBuckets(settings, app.Task.__table__.name, prepare=prepare)
-    clock = LimitQueries(adapter)
+    clock = adapter.limits
 
     def claim(subject: str, rate: float, want: int) -> int:
         with engine.begin() as conn:
@@ -356,7 +356,7 @@ def test_the_bucket_purge_goes_through_every_page(
     here), a transaction each."""
     import sqla_queue.adapters.limits as bucket_module
     from sqla_queue.adapters import adapter_of
-    from sqla_queue.adapters.limits import LimitQueries, RateBuckets
+    from sqla_queue.adapters.limits import RateBuckets
     from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
     from sqla_queue.maintenance import Every, PurgeRoutine
 
@@ -366,7 +366,7 @@ def test_the_bucket_purge_goes_through_every_page(
     adapter = adapter_of(engine.dialect, app.Task.__table__)
     with engine.connect() as conn:
         scoped = has_queue_name(conn, settings)
-        now = LimitQueries(adapter).now(conn).timestamp()
+        now = adapter.limits.now(conn).timestamp()
     buckets = RateBuckets(settings, app.Task.__table__.name, scoped=scoped)
     # names in order: two refilling (slow, just written), then three full
     # (fast, written an hour ago), then one refilling

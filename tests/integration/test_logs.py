@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -155,3 +156,32 @@ def test_a_task_message_with_control_characters_is_escaped_in_every_log_line(
     about = [json.loads(line) for line in lines.stderr.splitlines() if line.strip()]
     messages = [line["message"] for line in about if line.get("chain_id") == again]
     assert any(f"asked to fail: {HOSTILE}" in message for message in messages), messages
+
+
+def test_a_listen_connection_that_keeps_failing_warns_once_per_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the database is away the listener retries, further and further
+    apart, and says so once: the worker's own errors say the rest (two
+    "LISTEN failed" warnings a second before)."""
+    from sqlalchemy import create_engine
+
+    from sqla_queue.adapters.postgresql import PostgresListener
+    from sqla_queue.worker.wakeup import LaneWakeup
+    from tests.conftest import wait_until
+    from tests.support.servers import free_port
+
+    engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test")
+    listener = PostgresListener(engine, "nobody_listens")
+    caplog.set_level("DEBUG", logger="sqla_queue")
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "LISTEN nobody_listens failed" in r.getMessage()]
+
+    listener.start(LaneWakeup())
+    try:
+        wait_until(lambda: len(failures()) >= 2, 30, message="two failed attempts")
+    finally:
+        listener.stop()
+        engine.dispose()
+    assert [r.levelname for r in failures()][:2] == ["WARNING", "DEBUG"]

@@ -43,7 +43,7 @@ UTC = dt.timezone.utc
 
 
 def runner(worker: type[WorkerBase], engine: Engine, clock: Any = None, **env: str) -> Runner:
-    return Runner(worker(), engine=engine, settings=Settings.from_env(env), clock=clock)
+    return Runner.for_worker(worker(), engine=engine, settings=Settings.from_env(env), clock=clock)
 
 
 def age_rows(engine: Engine, app: App, days: float, *ids: int) -> None:
@@ -196,7 +196,7 @@ def test_heartbeating_handler_past_its_lease_is_kept_and_a_frozen_one_rescued(
     [task_id] = enqueue(engine, app, {"n": 1})
     holder, rescuer = runner(Short, engine), runner(Short, engine)
     rescue = rescuer.maintenance.routine("rescue")
-    heartbeat = Heartbeat(engine, holder.adapter, holder.claims, holder.lease)
+    heartbeat = Heartbeat(engine, holder.adapter, holder.app.claims, holder.app.lease)
     with holder.adapter.connect_claim(engine) as claim:
         assert len(holder.manager.claim(claim, limit=1)) == 1
         heartbeat.start()

@@ -237,9 +237,7 @@ def test_a_batch_rolled_back_by_a_lost_claim_counts_nothing(
     hooks = Hooks()
     metrics = QueueMetrics(app.Task.__tablename__, registry=CollectorRegistry()).attach(hooks)
     [task_id] = enqueue(engine, app, {"n": 1})
-    slow = Runner(
-        app=QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), hooks=hooks)
-    )
+    slow = Runner(QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), hooks=hooks))
     rescuer = runner(app.RecordingWorker, engine)
     with slow.adapter.connect_claim(engine) as claim, engine.connect() as work:
         running = slow.manager.claim(claim, limit=1)

@@ -125,7 +125,7 @@ def test_quick_tasks_commit_while_a_slow_neighbour_runs(
     quick = [task_id for task_id in ids if task_id != slow_id]
     worker = (_sync_worker if kind == "sync" else _async_worker)(app, gate)
     kind_of_runner = Runner if kind == "sync" else AsyncRunner
-    runner = kind_of_runner(worker(), engine=engine, concurrency=2, settings=Settings())
+    runner = kind_of_runner.for_worker(worker(), engine=engine, concurrency=2, settings=Settings())
     logged = _CommittedWhenLogged(observer, app)
     logs = logging.getLogger("sqla_queue.manager")
     level = logs.level
@@ -172,7 +172,7 @@ def test_a_slow_task_s_batch_mates_commit_or_go_back_while_it_runs(
     first, slow_id, third, fourth = _enqueue(engine, app, [{"n": 1}, SLOW, {"n": 3}, {"n": 4}])
     slow_started = threading.Event()
     worker = _sync_worker(app, gate, slow_started)()
-    runner = Runner(worker, engine=engine, settings=Settings())
+    runner = Runner.for_worker(worker, engine=engine, settings=Settings())
     manager = runner.manager
     manager.commit_budget = 0.1
     lane = Lane(0, ThreadGate(), manager.commit_budget)
@@ -246,7 +246,7 @@ def test_a_handler_that_ran_long_after_its_first_statement_joins_no_outcome_next
             return None
 
     worker = ReadThenWork()
-    runner = Runner(worker, engine=engine, settings=Settings())
+    runner = Runner.for_worker(worker, engine=engine, settings=Settings())
     manager = runner.manager
     manager.commit_budget = 0.05
     manager._joins.memory = 10_000  # remembered for the whole test, however slow the machine

@@ -289,7 +289,9 @@ def test_a_db_gen_table_renamed_apart_from_its_channel_serves_sqla_queue_workers
         conn.exec_driver_sql(migration_guide_alter(f"{schema}.fila_renomeada"))
 
     # a long fallback poll: only the reference trigger's NOTIFY can wake the worker in time
-    runner = Runner(app.Worker(), engine=engine, settings=Settings(listen_fallback_seconds=300))
+    runner = Runner.for_worker(
+        app.Worker(), engine=engine, settings=Settings(listen_fallback_seconds=300)
+    )
     thread = threading.Thread(target=runner.run)
     thread.start()
     try:
@@ -656,10 +658,12 @@ def test_nsj_locks_is_refused_where_it_cannot_work(tmp_path: Path) -> None:
     sqlite = create_engine(f"sqlite:///{tmp_path / 'q.db'}")
     app = nsj_app.build("fila")
     with pytest.raises(ConfigurationError, match=r"\(SQLA_QUEUE_NSJ_LOCKS\) is for PostgreSQL"):
-        Runner(app.Worker(), engine=sqlite, settings=Settings(nsj_locks=True))
+        Runner.for_worker(app.Worker(), engine=sqlite, settings=Settings(nsj_locks=True))
     pg = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
     with pytest.raises(ConfigurationError, match=r"\(SQLA_QUEUE_NSJ_LOCKS\) needs task locks"):
-        Runner(app.Worker(), engine=pg, settings=Settings(nsj_locks=True, task_locks=False))
+        Runner.for_worker(
+            app.Worker(), engine=pg, settings=Settings(nsj_locks=True, task_locks=False)
+        )
     # the command: one line, no traceback
     proc = run_cli(
         "worker", "tests.support.app:RecordingWorker", "--url", f"sqlite:///{tmp_path / 'cli.db'}",

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from sqla_queue import ConfigurationError, Periodic, QueueApp
+from sqla_queue.adapters import adapter_of
 from sqla_queue.configuration_table import configuration_table_of
 from sqla_queue.maintenance import ManualClock
 from sqla_queue.maintenance.periodic import PERIODIC_SETTING, last_runs
@@ -105,7 +106,8 @@ def test_each_occurrence_once_and_missed_ones_collapse_into_the_latest(
             select(app.Task.priority).where(app.Task.external_key == "periodic:hourly")
         ).scalar_one()
         assert priority == 80
-        assert last_runs(conn, markers, app.Task.__table__.name) == {
+        adapter = adapter_of(conn.dialect, app.Task.__table__)
+        assert last_runs(conn, adapter, markers) == {
             "five": _at(11, 0),
             "hourly": _at(11, 0),
         }

@@ -120,7 +120,8 @@ def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
     pooled = bouncer.engine()
     env = Settings.from_env({"SQLA_QUEUE_TASK_LOCKS": "false"})
     first, second = (
-        Runner(app.RecordingWorker(), engine=pooled, settings=env).app.routine_lock() for _ in "ab"
+        Runner.for_worker(app.RecordingWorker(), engine=pooled, settings=env).app.routine_lock()
+        for _ in "ab"
     )
     try:
         assert isinstance(first, LeaseRoutineLock)
@@ -132,7 +133,7 @@ def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
             assert not first.try_acquire("purge")
             second.release("purge")
         # a worker starting reads its settings from the table the leases are in
-        Runner(app.RecordingWorker(), engine=pooled, settings=env)
+        Runner.for_worker(app.RecordingWorker(), engine=pooled, settings=env)
     finally:
         first.close()
         second.close()

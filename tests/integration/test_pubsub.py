@@ -194,7 +194,7 @@ def test_exception_between_chunks_rolls_back_earlier_chunks(
             [{"id": f"s{n:05d}", "processo": "pedido"} for n in range(count)],
         )
     pub_id = publish(pengine, papp, {"pedido": 1})
-    worker = Runner(papp.PubSubWorker(), engine=pengine, settings=Settings())
+    worker = Runner.for_worker(papp.PubSubWorker(), engine=pengine, settings=Settings())
     seen: list[int] = []
 
     def fail_after_two_chunks(inserted: int) -> None:
@@ -202,7 +202,7 @@ def test_exception_between_chunks_rolls_back_earlier_chunks(
         if inserted >= 2 * CHUNK_ROWS:
             raise RuntimeError("crash between chunks")
 
-    worker.fanout.between_chunks = fail_after_two_chunks  # type: ignore[method-assign]
+    worker.app.fanout.between_chunks = fail_after_two_chunks  # type: ignore[method-assign]
     with worker.adapter.connect_claim(pengine) as claim, pengine.connect() as work:
         tasks = worker.manager.claim(claim, limit=10)
         assert [t.id for t in tasks] == [pub_id]
@@ -213,7 +213,7 @@ def test_exception_between_chunks_rolls_back_earlier_chunks(
     publication, retry = rows(pengine, papp)
     assert (publication.status, retry.status, retry.initial_id) == ("falha", "pendente", pub_id)
 
-    worker.fanout.between_chunks = None  # type: ignore[assignment]
+    worker.app.fanout.between_chunks = None  # type: ignore[assignment]
     drain(papp.PubSubWorker, pengine)
     assert copies_of(pengine, papp, pub_id) == 0
     assert copies_of(pengine, papp, retry.id) == count
@@ -250,7 +250,7 @@ def test_sigkill_during_fan_out_leaves_no_partial_fan_out(
         assert copies_of(pengine, papp, pub_id) == 0  # two chunks written, none committed
         assert rows(pengine, papp)[0].status == "processando"
         procs[0].kill()  # SIGKILL
-    rescuer = Runner(papp.PubSubWorker(), engine=pengine, settings=Settings())
+    rescuer = Runner.for_worker(papp.PubSubWorker(), engine=pengine, settings=Settings())
 
     def rescue() -> int:
         with rescuer.adapter.connect_maintenance(pengine) as conn:

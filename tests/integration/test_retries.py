@@ -389,7 +389,7 @@ def test_per_task_leases_and_time_limits(engine: Engine, app: App, installed: No
     long, bad, plain = (
         enqueue(engine, app, {"n": n}, process=p)[0] for n, p in enumerate(("long", "bad", "x"))
     )
-    worker = Runner(PerTask(), engine=engine, settings=Settings())
+    worker = Runner.for_worker(PerTask(), engine=engine, settings=Settings())
     with worker.adapter.connect_claim(engine) as claim:
         before = utcnow()
         claimed = worker.manager.claim(claim, limit=3)
@@ -401,7 +401,7 @@ def test_per_task_leases_and_time_limits(engine: Engine, app: App, installed: No
     leases = {t.id: (t.lease_expires_at - before).total_seconds() for t in tasks(engine, app)}
     assert 590 < leases[long] <= 601
     assert 20 < leases[bad] <= 31 and 20 < leases[plain] <= 31
-    assert worker.claims.by_lease(30.0) == {600.0: [long], 30.0: [bad, plain]}
+    assert worker.app.claims.by_lease(30.0) == {600.0: [long], 30.0: [bad, plain]}
     with engine.begin() as conn:  # back to pendente, for the run below
         conn.execute(update(app.Task).values(status="pendente", worker_id=None))
     [slow] = enqueue(engine, app, {"n": 9}, process="slow")

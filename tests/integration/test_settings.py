@@ -157,7 +157,7 @@ def test_jitter_bounds_in_the_wrong_order_stop_the_worker(engine: Engine, app: A
 
     env = Settings.from_env({"SQLA_QUEUE_BACKOFF_JITTER_MAX": "10"})
     with pytest.raises(ConfigurationError) as info:
-        Runner(Jittery(), engine=engine, settings=env)
+        Runner.for_worker(Jittery(), engine=engine, settings=env)
     assert str(info.value) == (
         "backoff_jitter_min (50) must not exceed backoff_jitter_max (10) "
         "(from Jittery.backoff_jitter_min_seconds and SQLA_QUEUE_BACKOFF_JITTER_MAX)"
@@ -205,7 +205,7 @@ def test_precedence_argument_environment_table_default(
         backoff_factor = 3
 
     env = Settings.from_env({"QUEUE_MAX_RETRY": "4", "SQLA_QUEUE_BACKOFF_BASE": "20"})
-    worker = Runner(Tuned(), engine=engine, settings=env)
+    worker = Runner.for_worker(Tuned(), engine=engine, settings=env)
     effective = worker.effective
     got = {
         key: (effective[key], effective.source(key))
@@ -220,8 +220,8 @@ def test_precedence_argument_environment_table_default(
     }
     assert effective["purge_schedule"].describe() == "*/7 * * * *"
     assert effective.unused == {"audit_retention": "no audit log in sqla-queue"}
-    assert worker.lease.seconds == 120
-    assert worker.settings.max_retry == 4
+    assert worker.app.lease.seconds == 120
+    assert worker.app.settings.max_retry == 4
 
 
 @pytest.mark.parametrize(
@@ -266,7 +266,7 @@ def test_a_bad_table_row_stops_the_worker_naming_the_row(
 ) -> None:
     put(engine, configuration, row)
     with pytest.raises(ConfigurationError) as info:
-        Runner(app.RecordingWorker(), engine=engine, settings=Settings())
+        Runner.for_worker(app.RecordingWorker(), engine=engine, settings=Settings())
     assert str(info.value).startswith(expected)
 
 
@@ -416,8 +416,8 @@ def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
             config.create(engine)
             with engine.begin() as conn:
                 conn.execute(insert(config), list(configuration_rows(config) or ()))
-            a = Runner(WorkerA(), engine=engine, settings=Settings()).effective
-            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            a = Runner.for_worker(WorkerA(), engine=engine, settings=Settings()).effective
+            b = Runner.for_worker(WorkerB(), engine=engine, settings=Settings()).effective
             assert (a["max_retry"], a.source("max_retry")) == (
                 7,
                 "queue_configuration[fila_a].max_retries",
@@ -442,7 +442,7 @@ def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
                         },
                     ],
                 )
-            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            b = Runner.for_worker(WorkerB(), engine=engine, settings=Settings()).effective
             assert (b["item_ttl"], b.source("item_ttl")) == (
                 2880,
                 "queue_configuration[*].item_ttl",
@@ -465,7 +465,7 @@ def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
             legacy.create(engine)
             with engine.begin() as conn:
                 conn.execute(insert(legacy), [{"setting_name": "max_retries", "value": "7"}])
-            b = Runner(WorkerB(), engine=engine, settings=Settings()).effective
+            b = Runner.for_worker(WorkerB(), engine=engine, settings=Settings()).effective
             assert (b["max_retry"], b.source("max_retry")) == (
                 7,
                 "queue_configuration.max_retries",

@@ -407,9 +407,9 @@ def test_a_four_parameter_handler_is_refused_at_start(app: App, tmp_path: Path) 
         tenants=TenantSettings(multi_database=True, url_template=f"sqlite:///{tmp_path}/{{tenant}}")
     )
     with pytest.raises(ConfigurationError, match=r"RecordingWorker\.execute must take"):
-        Runner(app.RecordingWorker(), engine=engine, burst=True, settings=settings)
+        Runner.for_worker(app.RecordingWorker(), engine=engine, burst=True, settings=settings)
     # off: four parameters are right
-    Runner(app.RecordingWorker(), engine=engine, burst=True, settings=Settings())
+    Runner.for_worker(app.RecordingWorker(), engine=engine, burst=True, settings=Settings())
     engine.dispose()
 
 
@@ -422,7 +422,7 @@ def test_a_five_parameter_handler_without_multi_database_is_refused_at_start(
     app.Base.metadata.create_all(engine)
     [task_id] = enqueue(engine, app, {"n": 1}, tenant=47)
     with pytest.raises(ConfigurationError) as caught:
-        Runner(worker(), engine=engine, burst=True, settings=Settings())
+        Runner.for_worker(worker(), engine=engine, burst=True, settings=Settings())
     assert str(caught.value) == (
         "TenantWorker.execute takes tenant_session, but multi-database mode is off: set "
         "MULTI_DATABASE=true (or the class's multi_database = True or tenant_resolver), "

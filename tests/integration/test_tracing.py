@@ -94,7 +94,7 @@ def test_each_task_runs_in_a_child_of_the_span_that_enqueued_it(
         assert carrier["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
 
     parts = QueueApp(Billing(), engine=engine, settings=Settings())
-    assert Runner(app=parts, burst=True).run() == 0
+    assert Runner(parts, burst=True).run() == 0
 
     with engine.connect() as conn:
         rows = conn.execute(

@@ -37,7 +37,7 @@ from tests.support.servers import PrivatePostgres, _user_kwargs
 def _routine(
     engine: Engine, app: App, clock: Clock | None = None, **config: float
 ) -> VacuumRoutine:
-    adapter = Runner(app.RecordingWorker(), engine=engine, settings=Settings()).adapter
+    adapter = Runner.for_worker(app.RecordingWorker(), engine=engine, settings=Settings()).adapter
     return VacuumRoutine(engine, adapter, Every(60), VacuumConfig(**config), clock=clock)  # type: ignore[arg-type]
 
 

@@ -202,7 +202,7 @@ def test_batch_failing_at_commit_finds_the_task_at_fault(
     commits once, the one whose commit fails again gets the failure."""
     bad, good = enqueue(engine, app, {"n": 1, "bad": True}, {"n": 2})
     worker = _guarded_worker(app, guard)()
-    runner = Runner(worker, engine=engine, settings=Settings())
+    runner = Runner.for_worker(worker, engine=engine, settings=Settings())
     manager, adapter = runner.manager, runner.adapter
     with adapter.connect_claim(engine) as claim_conn, engine.connect() as work_conn:
         claimed = manager.claim(claim_conn, limit=2)
@@ -500,7 +500,7 @@ def test_a_burst_worker_runs_a_task_promoted_by_another_process_after_its_empty_
             return super().execute(payload, task, session)
 
     [task_id] = enqueue(engine, app, {"n": 1}, run_at=utcnow() + dt.timedelta(hours=1))
-    runner = Runner(Worker(), engine=engine, settings=Settings(), burst=True)
+    runner = Runner.for_worker(Worker(), engine=engine, settings=Settings(), burst=True)
     routine = runner._run_routine
     promotions: list[int] = []
 
@@ -541,7 +541,7 @@ def test_task_scheduled_seconds_ahead_runs_once_it_is_due(
     [task_id] = enqueue(engine, app, {"n": 1}, run_at=run_at)
     assert [t.status for t in tasks(engine, app)] == ["agendada"]
 
-    runner = Runner(Worker(), engine=engine, settings=Settings())
+    runner = Runner.for_worker(Worker(), engine=engine, settings=Settings())
     thread = threading.Thread(target=runner.run, name="test-runner")
     thread.start()
     try:
@@ -598,7 +598,7 @@ def test_stop_hands_back_claimed_tasks_that_have_not_started(
 ) -> None:
     ids = enqueue(engine, app, *({"n": n} for n in range(5)))
     worker = app.RecordingWorker()
-    runner = Runner(worker, engine=engine, settings=Settings())
+    runner = Runner.for_worker(worker, engine=engine, settings=Settings())
     manager, adapter = runner.manager, runner.adapter
     with adapter.connect_claim(engine) as claim_conn, engine.connect() as work_conn:
         claimed = manager.claim(claim_conn, limit=5)
@@ -665,7 +665,7 @@ def test_rescue_leaves_alone_a_task_that_finished_while_it_looked(
     out: its write lock runs the two one after the other."""
     [task_id] = enqueue(engine, app, {"n": 1})
     worker = app.RecordingWorker()
-    runner = Runner(worker, engine=engine, settings=Settings())
+    runner = Runner.for_worker(worker, engine=engine, settings=Settings())
     manager, adapter = runner.manager, runner.adapter
     with (
         adapter.connect_claim(engine) as claim_conn,
@@ -700,7 +700,7 @@ def test_claim_and_promotion_running_at_once_both_complete(
     """Two workers: one claims while the other promotes scheduled tasks. The
     promotion is started between the claim's locking read and its UPDATE."""
     ids = enqueue(engine, app, {"n": 1}, {"n": 2})
-    runner = Runner(app.RecordingWorker(), engine=engine, settings=Settings())
+    runner = Runner.for_worker(app.RecordingWorker(), engine=engine, settings=Settings())
     manager, adapter = runner.manager, runner.adapter
     promoted: list[int] = []
     errors: list[BaseException] = []
@@ -709,7 +709,8 @@ def test_claim_and_promotion_running_at_once_both_complete(
 
         def promote() -> None:
             try:
-                promoted.append(manager.promote_due(promoting))
+                with promoting.begin():
+                    promoted.append(adapter.task_promote_due(promoting))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -746,12 +747,16 @@ def test_every_sqlite_connection_of_a_worker_waits_out_the_write_lock(
     it: under load, "database is locked" ended a burst worker. Now each
     connection is set up when it is checked out, whenever it was made."""
     if given == "url":
-        runner = Runner(app.RecordingWorker(), url=db_url, settings=Settings(), burst=True)
+        runner = Runner.for_worker(
+            app.RecordingWorker(), url=db_url, settings=Settings(), burst=True
+        )
     else:
         used = create_engine(db_url)
         with used.connect() as conn:  # the application's own work, before the worker
             conn.execute(select(1))
-        runner = Runner(app.RecordingWorker(), engine=used, settings=Settings(), burst=True)
+        runner = Runner.for_worker(
+            app.RecordingWorker(), engine=used, settings=Settings(), burst=True
+        )
     try:
         assert runner.engine.pool.checkedin() == 1  # the connection made before the adapter
         with runner.engine.connect() as conn:
@@ -775,7 +780,7 @@ def test_a_worker_runs_in_a_thread_of_the_application_and_stops_when_asked(
     the running batch finish and returns run() with 0."""
     first = enqueue(engine, app, {"n": 1}, {"n": 2})
     parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), concurrency=2)
-    runner = Runner(app=parts)
+    runner = Runner(parts)
     returned: list[int] = []
     thread = threading.Thread(target=lambda: returned.append(runner.run()), daemon=True)
     thread.start()
@@ -805,7 +810,7 @@ def test_a_notification_wakes_one_idle_lane_not_every_lane(
     Empty claims walk the dead index entries a pinned horizon keeps."""
     monkeypatch.setenv("QUEUE_WAIT_NOTIFY_INTERVAL", "120")  # no fallback poll in the test
     parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), concurrency=4)
-    runner = Runner(app=parts)
+    runner = Runner(parts)
     claims: list[int] = []
     real_claim = runner.manager.claim
 

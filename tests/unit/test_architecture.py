@@ -138,7 +138,7 @@ def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
     assert "sqla_queue.worker.runner" in graph["sqla_queue.worker.base"]  # inside run()
     assert "sqla_queue.settings" in graph["sqla_queue.resolution"]  # TYPE_CHECKING only
-    assert "sqla_queue.worker.providers" in graph["sqla_queue.worker.runner"]  # from . import
+    assert "sqla_queue.worker.providers" in graph["sqla_queue.worker.app"]  # from . import
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -232,3 +232,152 @@ def test_a_worker_on_a_server_database_does_not_import_what_it_does_not_use() ->
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.split() == []
+
+
+# ------------------------------------------------------- one place assembles
+def test_the_runner_takes_a_built_app_and_builds_no_part() -> None:
+    """``QueueApp`` assembles (worker/app.py); ``Runner.__init__`` takes it
+    built, with run-time options only, and calls no part's constructor."""
+    import inspect
+
+    from sqla_queue.worker.aio import AsyncRunner
+    from sqla_queue.worker.runner import Runner
+
+    for runner in (Runner, AsyncRunner):
+        parameters = inspect.signature(runner.__init__).parameters
+        assert [(p.name, p.kind.name) for p in parameters.values()] == [
+            ("self", "POSITIONAL_OR_KEYWORD"),
+            ("app", "POSITIONAL_OR_KEYWORD"),
+            ("burst", "KEYWORD_ONLY"),
+        ], runner.__name__
+    parts = {
+        "QueueApp", "Heartbeat", "TaskManager", "LeasePolicy", "Claims", "FanOut",
+        "WebhookStage", "TimeLimiter", "Maintenance", "LaneWakeup", "AsyncLaneWakeup",
+        "LimitedClaims", "FairClaims", "PlainClaims", "make_engine", "make_async_engine",
+        "adapter_for", "resolve", "wakeups",
+    }  # fmt: skip
+    tree = ast.parse((PACKAGE / "worker" / "runner.py").read_text(encoding="utf-8"))
+    [init] = [
+        node
+        for runner_class in ast.walk(tree)
+        if isinstance(runner_class, ast.ClassDef) and runner_class.name == "Runner"
+        for node in runner_class.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    ]
+    called = {
+        call.func.id if isinstance(call.func, ast.Name) else call.func.attr
+        for call in ast.walk(init)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name | ast.Attribute)
+    }
+    assert called & parts == set()
+
+
+# ------------------------------------------------------------- statements
+#: outside ``sqla_queue/adapters/`` (every statement on the queue's tables,
+#: per dialect), where a statement may be built or run, and why
+STATEMENT_PLACES = {
+    "sqla_queue/ddl.py": "DDL rendering: `sqla-queue ddl` prints a new table's rows as an INSERT",
+    "sqla_queue/alembic/": "migrations: their DDL and the configuration rows they write",
+    "sqla_queue/mixins.py": "the schema: server defaults written as SQL text",
+}
+#: SQLAlchemy's statement constructors (dialects' ``insert`` too)
+CONSTRUCTORS = {"select", "insert", "update", "delete", "union", "union_all", "text", "exists"}
+#: a Table's own: ``table.insert()``, ``table.select()``...
+TABLE_STATEMENTS = {"select", "insert", "update", "delete", "exists"}
+#: what runs a statement on a Connection or a Session
+EXECUTES = {"execute", "exec_driver_sql", "scalar", "scalars"}
+
+
+def statement_calls(source: str) -> Iterator[tuple[int, str]]:
+    """(line, what) of each statement built (a constructor of SQLAlchemy's,
+    under any name it was imported as; a Table's ``.insert()`` and the
+    like, called without arguments) and each statement run
+    (``x.execute(statement)``, ``.exec_driver_sql``, ``.scalar``,
+    ``.scalars``, given a statement) in ``source``. Calls on a module that
+    is not SQLAlchemy's (``pa.scalar(1)``) and calls with the arguments of
+    a namesake (``sys.path.insert(0, x)``, ``values.update(row)``,
+    ``result.scalars(0)``) are not statements."""
+    tree = ast.parse(source)
+    constructors = set(CONSTRUCTORS)
+    sqlalchemy_modules: set[str] = set()
+    other_modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                ours = alias.name.split(".")[0] == "sqlalchemy"
+                (sqlalchemy_modules if ours else other_modules).add(bound)
+        elif isinstance(node, ast.ImportFrom):
+            ours = (node.module or "").split(".")[0] == "sqlalchemy"
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if ours and alias.name in CONSTRUCTORS:
+                    constructors.add(bound)
+                elif ours and alias.name.islower():  # from sqlalchemy.dialects import mysql
+                    sqlalchemy_modules.add(bound)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name):
+            if func.id in constructors:
+                yield node.lineno, f"{func.id}()"
+            continue
+        if not isinstance(func, ast.Attribute):
+            continue
+        on = func.value.id if isinstance(func.value, ast.Name) else None
+        if on in sqlalchemy_modules and func.attr in CONSTRUCTORS:
+            yield node.lineno, f"{on}.{func.attr}()"
+        elif on in other_modules:
+            continue
+        elif func.attr in TABLE_STATEMENTS and not node.args and not node.keywords:
+            yield node.lineno, f".{func.attr}()"
+        elif func.attr in EXECUTES and node.args:
+            first = node.args[0]
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, int)):
+                yield node.lineno, f".{func.attr}(...)"
+
+
+def test_the_reader_finds_statements_built_and_run() -> None:
+    source = (
+        "from sqlalchemy import select as sel, update\n"
+        "from sqlalchemy.dialects.postgresql import insert as pg_insert\n"
+        "from sqlalchemy.dialects import mysql\n"
+        "import sqlalchemy as sa\n"
+        "import pyarrow as pa\n"
+        "import sys\n"
+        "rows = conn.execute(sel(t.c.id))\n"
+        "pg_insert(t).on_conflict_do_nothing()\n"
+        "mysql.insert(t)\n"
+        "sa.delete(t)\n"
+        "stmt = t.insert()\n"
+        "found = session.scalars(query)\n"
+        "conn.exec_driver_sql('PRAGMA busy_timeout = 1')\n"
+        "update(t)\n"
+        "sys.path.insert(0, here)\n"
+        "values.update(row)\n"
+        "one = pa.scalar(1)\n"
+        "first = result.scalar()\n"
+        "ids = result.scalars(0)\n"
+        "os.path.exists(path)\n"
+    )
+    assert sorted({line for line, _ in statement_calls(source)}) == list(range(7, 15))
+
+
+def _statements_outside_their_places() -> list[str]:
+    allowed = ("sqla_queue/adapters/", *STATEMENT_PLACES)
+    return [
+        f"{path.relative_to(ROOT).as_posix()}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "alembic_templates" not in path.parts
+        and not path.relative_to(ROOT).as_posix().startswith(allowed)
+        for line, what in statement_calls(path.read_text(encoding="utf-8"))
+    ]
+
+
+def test_statements_are_built_and_run_in_the_adapters() -> None:
+    """Every statement on the queue's tables (the queue table, the
+    subscribers, the configuration table, the unique keys, the kept
+    counts) is built and run in ``sqla_queue/adapters/``; the rest of the
+    package reaches them through the adapter and its parts."""
+    assert _statements_outside_their_places() == []

@@ -1,0 +1,80 @@
+"""The statements on a configuration table (``queue_configuration``:
+``configuration_table.py``): the rows that apply to a queue, and the rows
+sqla-queue itself keeps there (the paused processes: ``pause.py``; the
+periodic tasks' last runs: ``maintenance/periodic.py``).
+
+``queue`` names a row's queue (its ``queue_name``); None where the table in
+the database has no such column (PEQ's own, or one made before it), whose
+rows are schema-wide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Table, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+__all__ = ["SettingRows"]
+
+
+class SettingRows:
+    """The rows of one configuration table ``table``."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        c = table.c
+        self._fields = (c.setting_name, c.value, c.unit, c.casted_as, c.note)
+
+    def _where(self, name: str, queue: str | None) -> list[ColumnElement[bool]]:
+        c = self.table.c
+        where = [c.setting_name == name]
+        if queue is not None:
+            where.append(c.queue_name == queue)
+        return where
+
+    def rows(self, conn: Connection, *, queues: Sequence[str] | None) -> list[tuple[Any, ...]]:
+        """(setting_name, value, unit, casted_as, note, queue_name) of the
+        rows of ``queues``; of every row, with queue_name None, when
+        ``queues`` is None."""
+        if queues is None:
+            return [(*row, None) for row in conn.execute(select(*self._fields))]
+        c = self.table.c
+        query = select(*self._fields, c.queue_name).where(c.queue_name.in_(list(queues)))
+        return [tuple(row) for row in conn.execute(query)]
+
+    def value(self, conn: Connection, *, name: str, queue: str | None) -> str | None:
+        """The value of setting ``name`` (None: no row)."""
+        found = conn.execute(select(self.table.c.value).where(*self._where(name, queue))).scalar()
+        return None if found is None else str(found)
+
+    def values_by_queue(
+        self, conn: Connection, *, name: str, queues: Sequence[str]
+    ) -> dict[str, str | None]:
+        """The values of setting ``name`` of each of ``queues`` that has a row."""
+        c = self.table.c
+        query = select(c.queue_name, c.value).where(
+            c.setting_name == name, c.queue_name.in_(list(queues))
+        )
+        return {str(queue): value for queue, value in conn.execute(query)}
+
+    def value_locked(self, conn: Connection, *, name: str, queue: str | None) -> Any:
+        """The row (its ``value``) of setting ``name``, locked until the
+        transaction ends; None when there is none."""
+        query = select(self.table.c.value).where(*self._where(name, queue)).with_for_update()
+        return conn.execute(query).first()
+
+    def value_set(self, conn: Connection, *, name: str, queue: str | None, value: str) -> None:
+        conn.execute(update(self.table).where(*self._where(name, queue)).values(value=value))
+
+    def row_insert(self, conn: Connection, *, row: Mapping[str, Any]) -> bool:
+        """Insert ``row`` in a savepoint; False when another transaction
+        inserted it first (a unique key's error, rolled back to the savepoint)."""
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(self.table).values(**row))
+        except IntegrityError:
+            return False
+        return True
