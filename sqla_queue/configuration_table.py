@@ -52,8 +52,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Mapped, Mapper, mapped_column
 
-from .adapters.configuration import SettingRows
-from .catalog import SCHEMA_WIDE, TableRow
+from .catalog import SCHEMA_WIDE
 from .identifiers import split_table_name, validate_identifier
 from .mixins import QueueMixin
 from .types import UtcDateTime, utc_now
@@ -69,7 +68,6 @@ __all__ = [
     "configuration_table_for",
     "configuration_table_of",
     "has_queue_name",
-    "read_rows",
 ]
 
 #: ``queue_name``'s length: a table name (PostgreSQL's limit; MySQL's is 64)
@@ -316,29 +314,3 @@ def has_queue_name(conn: Connection, table: Table) -> bool:
     (else its rows are schema-wide: PEQ's own, or one made before it)."""
     columns = inspect(conn).get_columns(table.name, schema=table.schema)
     return any(column["name"] == "queue_name" for column in columns)
-
-
-def read_rows(
-    conn: Connection, table: Table, queue: str | None = None
-) -> dict[str, TableRow] | None:
-    """The rows that apply to queue table ``queue``, by setting name: those
-    naming it over the schema-wide (``*``) ones; every row of a table without
-    ``queue_name``. None when the table does not exist."""
-    inspector = inspect(conn)
-    if not inspector.has_table(table.name, schema=table.schema):
-        return None
-    columns = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
-    # read before any adapter exists (its settings come from here): the
-    # statements' part is built here, not taken from an adapter
-    statements = SettingRows(table)
-    if "queue_name" not in columns:
-        # a table without the column: every row, scope None
-        rows = statements.rows(conn, queues=None)
-    else:
-        scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
-        # the queue's own rows last: they win over the schema-wide ones
-        rows = sorted(statements.rows(conn, queues=scopes), key=lambda row: row[5] != SCHEMA_WIDE)
-    return {
-        str(name): TableRow(str(name), value, unit, casted_as, note, scope)
-        for name, value, unit, casted_as, note, scope in rows
-    }

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, select, update
+from sqlalchemy import Connection, Table, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-__all__ = ["SettingRows"]
+from ..catalog import SCHEMA_WIDE, TableRow
+
+__all__ = ["SettingRows", "read_rows"]
 
 
 class SettingRows:
@@ -78,3 +80,28 @@ class SettingRows:
         except IntegrityError:
             return False
         return True
+
+
+def read_rows(
+    conn: Connection, table: Table, queue: str | None = None
+) -> dict[str, TableRow] | None:
+    """The rows that apply to queue table ``queue``, by setting name: those
+    naming it over the schema-wide (``*``) ones; every row of a table without
+    ``queue_name``. None when the table does not exist."""
+    inspector = inspect(conn)
+    if not inspector.has_table(table.name, schema=table.schema):
+        return None
+    columns = {column["name"] for column in inspector.get_columns(table.name, schema=table.schema)}
+    # read before any adapter exists (its settings come from here)
+    statements = SettingRows(table)
+    if "queue_name" not in columns:
+        # a table without the column: every row, scope None
+        rows = statements.rows(conn, queues=None)
+    else:
+        scopes = [SCHEMA_WIDE] if queue is None else [SCHEMA_WIDE, queue]
+        # the queue's own rows last: they win over the schema-wide ones
+        rows = sorted(statements.rows(conn, queues=scopes), key=lambda row: row[5] != SCHEMA_WIDE)
+    return {
+        str(name): TableRow(str(name), value, unit, casted_as, note, scope)
+        for name, value, unit, casted_as, note, scope in rows
+    }

@@ -26,16 +26,12 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from ..adapters import Adapter, ClaimFilter, ErrorKind, Listener, adapter_for
+from ..adapters.configuration import read_rows
 from ..adapters.limits import RateBuckets
 from ..adapters.liveness import default_bound
 from ..adapters.sqla_private import pool_max_overflow
 from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS
-from ..configuration_table import (
-    configuration_table_of,
-    ensure_table,
-    has_queue_name,
-    read_rows,
-)
+from ..configuration_table import configuration_table_of, ensure_table, has_queue_name
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..fairness import FairClaims, check_fair_by, check_key_limit, check_key_rate
 from ..fanout import FanOut

@@ -21,9 +21,10 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from ..adapters import Adapter, ErrorKind, adapter_for
+from ..adapters.configuration import read_rows
 from ..adapters.liveness import default_bound
 from ..catalog import TableRow
-from ..configuration_table import configuration_table_of, read_rows
+from ..configuration_table import configuration_table_of
 from ..exceptions import ConfigurationError, WorkerDatabaseError
 from ..mixins import channel_of
 from ..redaction import redact
