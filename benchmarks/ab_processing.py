@@ -15,7 +15,7 @@ rate of one run swings by a third; the CPU per task is the steadier figure
 for a change to the worker's Python side (2026-11-24: 4d3b162 about 31 µs,
 c700cf0 about 34.5 µs). The server's own time per statement is not in it.
 
-``--metrics`` attaches the Prometheus metrics (sqla_queue.metrics) to the
+``--metrics`` attaches the Prometheus metrics (sqla_queue.ops.metrics) to the
 worker's hooks first: metrics on against off, for the same checkout::
 
     for i in 1 2 3 4 5 6; do
@@ -90,7 +90,7 @@ def main() -> int:
     engine.dispose()
 
     if args.metrics:
-        from sqla_queue.metrics import QueueMetrics
+        from sqla_queue.ops.metrics import QueueMetrics
 
         QueueMetrics(args.table).attach()
     before = resource.getrusage(resource.RUSAGE_SELF)

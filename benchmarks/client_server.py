@@ -48,8 +48,8 @@ from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import QueueClient, QueueMixin, normalize_url
 from sqla_queue.adapters import adapter_for
+from sqla_queue.config.settings import ServerSettings
 from sqla_queue.server import ServerConnection, ServerRoutineLock, ServerWakeups
-from sqla_queue.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "benchmark-secret-0123456789"

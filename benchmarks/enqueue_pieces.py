@@ -45,7 +45,7 @@ def main() -> int:
     from sqlalchemy.orm import Session
 
     from sqla_queue import QueueClient
-    from sqla_queue.events import prepare_task
+    from sqla_queue.enqueue.events import prepare_task
 
     conn, task = adapter._conn, adapter.Task
 

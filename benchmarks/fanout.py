@@ -32,7 +32,7 @@ from sqla_queue import (
     WorkerPubSubBase,
     subscriber,
 )
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker import Runner
 
 

@@ -50,7 +50,7 @@ def worker(url: str, out: str) -> int:
     import psycopg
     import sqla_queue_adapter as adapter
 
-    import sqla_queue.manager as manager
+    import sqla_queue.batch.manager as manager
 
     events: list[tuple[str, float]] = []
     clock = time.perf_counter

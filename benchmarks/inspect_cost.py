@@ -1,4 +1,4 @@
-"""What ``sqla-queue status`` (sqla_queue.inspect) costs on a big table.
+"""What ``sqla-queue status`` (sqla_queue.ops.status) costs on a big table.
 
     .venv/bin/python benchmarks/inspect_cost.py [--rows 5000000] [--db postgresql|mysql|sqlite]
 
@@ -32,9 +32,9 @@ from sqlalchemy.orm import DeclarativeBase
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqla_queue import QueueMixin
-from sqla_queue.inspect import dead_letter, queue_status, task_timeline
-from sqla_queue.status_summary import forget_all, status_table
-from sqla_queue.types import utcnow
+from sqla_queue.common.types import utcnow
+from sqla_queue.ops.status import dead_letter, queue_status, task_timeline
+from sqla_queue.ops.status_counts import forget_all, status_table
 
 URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",

@@ -5,7 +5,7 @@ both sides alike.
     .venv/bin/python benchmarks/metrics_cost.py [--checkout PATH] [--rounds 8] [--url URL]
 
 Each run loads 20,000 pending no-op tasks (VACUUM ANALYZE after) and drains
-them with one burst worker; the metrics (sqla_queue.metrics.QueueMetrics,
+them with one burst worker; the metrics (sqla_queue.ops.metrics.QueueMetrics,
 on a registry of their own) are attached for the "on" runs and detached
 after. Prints each run (tasks/s of wall time, process CPU per task) and the
 medians; the CPU per task is the steadier figure on a shared VM. With
@@ -39,7 +39,7 @@ def main() -> int:
     from sqlalchemy.orm import DeclarativeBase
 
     import sqla_queue
-    from sqla_queue.metrics import QueueMetrics
+    from sqla_queue.ops.metrics import QueueMetrics
 
     class Base(DeclarativeBase):
         pass

@@ -37,8 +37,8 @@ from benchmarks.growth import Base, Task
 from benchmarks.render_docs import purge_table
 from sqla_queue import normalize_url
 from sqla_queue.adapters import adapter_for
+from sqla_queue.config.timing import Every
 from sqla_queue.maintenance import PurgeConfig, PurgeRoutine
-from sqla_queue.maintenance.timing import Every
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

@@ -43,8 +43,8 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from sqla_queue import QueueClient, normalize_url
-from sqla_queue.client import resolve_table
-from sqla_queue.payload import hash_payload, serialize_payload
+from sqla_queue.client.queue import resolve_table
+from sqla_queue.common.payload import hash_payload, serialize_payload
 from sqla_queue.spark import enqueue_dataframe, spark_session
 
 TABLE = "bench_spark_enqueue"

@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqla_queue.webhooks import Delivery, WebhookClient
+from sqla_queue.webhooks.delivery import Delivery, WebhookClient
 
 DELAY = 0.0
 # the server listens on 127.0.0.1: let it through the guard (on by default)
@@ -124,7 +124,7 @@ def worker_rate(db_url: str, hook_url: str, n: int, lanes: int) -> float:
     from sqlalchemy.orm import DeclarativeBase, Session
 
     from sqla_queue import QueueClient, QueueMixin, SubscriberMixin, WorkerWebhook
-    from sqla_queue.settings import Settings
+    from sqla_queue.config.settings import Settings
 
     table = f"bench_hook_{uuid.uuid4().hex[:8]}"
 

@@ -27,9 +27,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from sqla_queue import QueueMixin, WorkerBase, install
-from sqla_queue.dashboard import DashboardConfig, create_app
+from sqla_queue.common.types import utcnow
+from sqla_queue.ops.dashboard import DashboardConfig, create_app
 from sqla_queue.testing import run_until_empty
-from sqla_queue.types import utcnow
 
 PASSWORD = "screenshots"
 

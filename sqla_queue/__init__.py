@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import events as _events
-from . import flush_insert as _flush_insert
-from . import status_summary as _status_summary  # noqa: F401  (<table>_status, made with the queue table)
-from .client import QueueClient
-from .events import install, uninstall
-from .exceptions import (
+from . import _moved
+from .client.queue import QueueClient
+from .common.exceptions import (
     ConfigurationError,
     DuplicateTaskError,
     FanOutError,
@@ -28,14 +25,18 @@ from .exceptions import (
     UnpreparedTaskError,
     UnsupportedOperationError,
 )
+from .common.payload import JsonText
+from .config.settings import Settings, normalize_url
+from .enqueue import events as _events
+from .enqueue import flush_insert as _flush_insert
+from .enqueue.events import install, uninstall
+from .enqueue.unique import Unique, duplicate_of
 from .maintenance.periodic import Periodic
-from .mixins import DEFAULT_PRIORITY, QueueMixin, Status
-from .payload import JsonText
-from .payload_keys import payload_key
-from .records import TaskRecord
-from .settings import Settings, normalize_url
-from .subscribers import SubscriberMixin, SubscriptionRecord
-from .unique import Unique, duplicate_of
+from .ops import status_counts as _status_summary  # noqa: F401  (<table>_status, made with the queue table)
+from .schema.mixins import DEFAULT_PRIORITY, QueueMixin, Status
+from .schema.payload_keys import payload_key
+from .schema.records import TaskRecord
+from .schema.subscribers import SubscriberMixin, SubscriptionRecord
 from .worker import (
     SubscriberWebhook,
     WorkerBase,
@@ -46,7 +47,7 @@ from .worker import (
 )
 
 if TYPE_CHECKING:
-    from .aio import AsyncQueueClient as AsyncQueueClient
+    from .client.aio import AsyncQueueClient as AsyncQueueClient
     from .worker.app import QueueApp as QueueApp
     from .worker.runner import Runner as Runner
 
@@ -96,10 +97,10 @@ _events.set_fast_writer(_flush_insert.write_new_tasks)
 
 
 def __getattr__(name: str) -> Any:
-    # imported on first use: sqla_queue.aio imports sqlalchemy.ext.asyncio,
+    # imported on first use: sqla_queue.client.aio imports sqlalchemy.ext.asyncio,
     # which needs greenlet, and sync code runs without it
     if name == "AsyncQueueClient":
-        from .aio import AsyncQueueClient
+        from .client.aio import AsyncQueueClient
 
         return AsyncQueueClient
     # and the running worker's parts: a command that only acts on rows
@@ -109,3 +110,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(worker, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_moved.install()

@@ -36,11 +36,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from .adapters import adapter_of
-from .exceptions import SqlaQueueError
-from .hooks import TASK_DEAD, TASK_FAILED, TASK_RETRIED, TASK_SUCCEEDED, Hooks
-from .mixins import QueueMixin, Status
-from .records import TaskRecord
-from .settings import Settings
+from .common.exceptions import SqlaQueueError
+from .config.settings import Settings
+from .policies.hooks import TASK_DEAD, TASK_FAILED, TASK_RETRIED, TASK_SUCCEEDED, Hooks
+from .schema.mixins import QueueMixin, Status
+from .schema.records import TaskRecord
 from .worker.app import QueueApp
 from .worker.base import WorkerBase
 

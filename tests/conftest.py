@@ -26,7 +26,7 @@ from sqlalchemy import Engine, MetaData, create_engine, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import install, uninstall
-from sqla_queue.settings import normalize_url
+from sqla_queue.config.settings import normalize_url
 from tests.support.app import App, build
 
 # PgBouncer and private PostgreSQL / MariaDB servers for fault-injection tests;
@@ -391,7 +391,7 @@ LEASE_COLUMNS = ["worker_id", "lease_expires_at"]
 # and when each attempt was claimed and ended
 TIMING_COLUMNS = ["started_at", "finished_at"]
 ERROR_COLUMNS = ["error_traceback"]
-# the trace that enqueued the task (sqla_queue.tracing)
+# the trace that enqueued the task (sqla_queue.ops.tracing)
 TRACE_COLUMNS = ["trace_context"]
 TABLE_COLUMNS = SEED_COLUMNS + LEASE_COLUMNS + TIMING_COLUMNS + ERROR_COLUMNS + TRACE_COLUMNS
 

@@ -7,8 +7,8 @@ import importlib
 from sqlalchemy import Table
 from sqlalchemy.engine import Dialect
 
-from ..exceptions import ConfigurationError, UnsupportedOperationError
-from ..types import dialect_family
+from ..common.exceptions import ConfigurationError, UnsupportedOperationError
+from ..common.types import dialect_family
 from .base import Adapter, ClaimFilter, ErrorKind, Listener
 
 __all__ = ["Adapter", "ClaimFilter", "ErrorKind", "Listener", "adapter_for", "adapter_of"]

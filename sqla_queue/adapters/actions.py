@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import BigInteger, Connection, bindparam, false, select, update
 
-from ..mixins import Status, inline_count, status_is
-from ..types import UtcDateTime
+from ..common.types import UtcDateTime
+from ..schema.mixins import Status, inline_count, status_is
 
 if TYPE_CHECKING:
     from .parts import PartOwner

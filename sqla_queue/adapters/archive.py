@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Table, and_, bindparam, case, delete, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..mixins import OPEN_STATUSES
+from ..schema.mixins import OPEN_STATUSES
 
 __all__ = ["IDS_PER_STATEMENT", "ArchiveQueries", "family_rows"]
 

@@ -50,12 +50,12 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, StatementError
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..exceptions import UnsupportedOperationError
-from ..identifiers import lock_namespace
-from ..mixins import OWN_COLUMNS, Status, equivalence_criteria, inline_count, status_is
-from ..records import TaskRecord
-from ..rows import SUCCESS_MESSAGE
-from ..types import UtcDateTime, utcnow
+from ..common.exceptions import UnsupportedOperationError
+from ..common.identifiers import lock_namespace
+from ..common.types import UtcDateTime, utcnow
+from ..schema.mixins import OWN_COLUMNS, Status, equivalence_criteria, inline_count, status_is
+from ..schema.records import TaskRecord
+from ..schema.rows import SUCCESS_MESSAGE
 from .actions import ActionQueries
 from .archive import ArchiveQueries
 from .configuration import SettingRows
@@ -92,7 +92,7 @@ class ErrorKind(enum.Enum):
     OTHER = "other"
 
 
-#: the key a fair claim takes tasks of now (sqla_queue.fairness): read by
+#: the key a fair claim takes tasks of now (sqla_queue.policies.fairness): read by
 #: the claim statements of a ClaimFilter with ``fair_column`` as they run
 FAIR_KEY: contextvars.ContextVar[Any] = contextvars.ContextVar("sqla_queue_fair_key")
 
@@ -114,9 +114,9 @@ class ClaimFilter:
     all_subscribers: bool = False
     #: a row is ready only this many seconds after its time (PEQ's item_delay)
     delay_seconds: float = 0.0
-    #: processes paused across the fleet (sqla_queue.pause): never claimed
+    #: processes paused across the fleet (sqla_queue.client.pause): never claimed
     paused: frozenset[str] = frozenset()
-    #: per-key fairness (sqla_queue.fairness): only rows whose column
+    #: per-key fairness (sqla_queue.policies.fairness): only rows whose column
     #: ``fair_column`` holds the key in :data:`FAIR_KEY` when the statement
     #: runs (``fair_null``: only rows where it is NULL)
     fair_column: str | None = None

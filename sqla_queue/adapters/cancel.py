@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from ..redaction import describe_error
+from ..common.redaction import describe_error
 
 __all__ = ["interrupt_ended_transaction", "interrupt_statement", "was_cancelled"]
 

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Table, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..catalog import SCHEMA_WIDE, TableRow
+from ..config.sources import SCHEMA_WIDE, TableRow
 
 __all__ = ["SettingRows", "read_rows"]
 

@@ -1,4 +1,4 @@
-"""The statements of per-key fairness (sqla_queue/fairness.py): which keys
+"""The statements of per-key fairness (sqla_queue/policies/fairness.py): which keys
 have ready tasks, and how many tasks of a key are running.
 
 The keys are found by skipping through ``ix_<table>_justo_<column>`` from
@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Integer, Table, bindparam, exists, func, literal, select
 
-from ..mixins import Status, status_is
+from ..schema.mixins import Status, status_is
 
 __all__ = ["FairnessQueries"]
 

@@ -1,5 +1,5 @@
 """The statements that look at a queue table for an operator (``sqla-queue
-status``, :mod:`sqla_queue.inspect`, the dashboard), beside the adapter
+status``, :mod:`sqla_queue.ops.status`, the dashboard), beside the adapter
 they extend.
 
 Portable SQLAlchemy Core, built once per queue table. What each costs on a
@@ -43,8 +43,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is, status_literal
-from ..types import UtcDateTime
+from ..common.types import UtcDateTime
+from ..schema.mixins import (
+    CLOSED_STATUSES,
+    OPEN_STATUSES,
+    Status,
+    inline_count,
+    status_is,
+    status_literal,
+)
 
 if TYPE_CHECKING:
     from .parts import PartOwner

@@ -50,7 +50,7 @@ from typing import Any
 from sqlalchemy import types as sqltypes
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from ..catalog import EnvFlag
+from ..config.kinds import EnvFlag
 
 try:  # psycopg 3 is the postgresql extra's driver; without it nothing is taken
     import psycopg
@@ -79,7 +79,7 @@ _TEXT, _BINARY = 0, 1
 
 
 #: on a TypeDecorator: its bind processing leaves a value of exactly the
-#: Python type its column takes (or None) as it is (sqla_queue.types.PayloadHash)
+#: Python type its column takes (or None) as it is (sqla_queue.common.types.PayloadHash)
 BINDS_EXACT_AS_IS = "sqla_queue_binds_exact_as_is"
 
 

@@ -1,5 +1,5 @@
 """The statements of fleet-wide concurrency and rate limits
-(``sqla_queue/limits.py``), beside the adapters: how many tasks of a
+(``sqla_queue/policies/limits.py``), beside the adapters: how many tasks of a
 process are running now, the database's clock, and the rate limits' token
 buckets in the configuration table."""
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Table, bindparam, delete, func, insert, inspect, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..mixins import Status, status_is
+from ..schema.mixins import Status, status_is
 
 if TYPE_CHECKING:
     from .parts import PartOwner
@@ -47,7 +47,7 @@ class LimitQueries:
 
 class RateBuckets:
     """A token bucket per rate-limited subject of a queue (a process, or a
-    key of a fair worker's column: ``sqla_queue/fairness.py``), kept in a
+    key of a fair worker's column: ``sqla_queue/policies/fairness.py``), kept in a
     row of the queue's configuration table (``setting_name`` ``rate:<hash
     of queue and subject>``, ``value`` ``<tokens> <as of, epoch
     seconds>``, ``unit`` ``<tokens a second>/s``), read with a locking read

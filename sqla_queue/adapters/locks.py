@@ -56,8 +56,8 @@ from sqlalchemy import Connection, Engine, Table, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..configuration_table import configuration_table_for, ensure_table, has_queue_name
-from ..redaction import describe_error
+from ..common.redaction import describe_error
+from ..schema.configuration_table import configuration_table_for, ensure_table, has_queue_name
 
 if TYPE_CHECKING:
     from .base import Adapter
@@ -302,7 +302,8 @@ class LeaseRoutineLock:
 
     def __init__(self, engine: Engine, adapter: Adapter, settings: Table | None = None) -> None:
         """``settings``: the configuration table holding the rows (default:
-        the queue model's, :func:`~sqla_queue.configuration_table.configuration_table_for`)."""
+        the queue model's, ``configuration_table_for`` in
+        ``sqla_queue.schema.configuration_table``)."""
         self.engine = engine
         self.adapter = adapter
         self.settings = configuration_table_for(adapter.table) if settings is None else settings

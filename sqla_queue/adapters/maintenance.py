@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, delete, select, update
 
-from ..identifiers import derived_identifier
-from ..mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is
-from ..types import UtcDateTime
+from ..common.identifiers import derived_identifier
+from ..common.types import UtcDateTime
+from ..schema.mixins import CLOSED_STATUSES, OPEN_STATUSES, Status, inline_count, status_is
 
 if TYPE_CHECKING:
     from .parts import PartOwner

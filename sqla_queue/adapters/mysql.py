@@ -35,15 +35,15 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..exceptions import SqlaQueueError
-from ..mixins import Status, inline_count, status_is
-from ..records import TaskRecord
-from ..redaction import describe_error
+from ..common.exceptions import SqlaQueueError
+from ..common.redaction import describe_error
+from ..schema.mixins import Status, inline_count, status_is
+from ..schema.records import TaskRecord
 from .base import PROMOTE_CHUNK, Adapter, LockHolder
 from .liveness import Keepalive, keep_socket_alive, on_new_connections, remember
 from .locks import DatabaseRoutineLock, RoutineLock
 
-logger = logging.getLogger("sqla_queue.manager")
+logger = logging.getLogger("sqla_queue.batch.manager")
 
 #: the lanes of one worker whose working sessions end_sessions looks for
 #: (a worker's concurrency beyond it leaves the later lanes to the server's

@@ -36,8 +36,8 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, text
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..exceptions import ConfigurationError
-from ..records import TaskRecord
+from ..common.exceptions import ConfigurationError
+from ..schema.records import TaskRecord
 from .postgresql import OVER_IDS, TASK_UNLOCK, PostgresAdapter, advisory_lock_free
 
 __all__ = ["PostgresNsjAdapter"]

@@ -47,10 +47,10 @@ from sqlalchemy.sql import Select
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement, TextClause
 
-from ..exceptions import UnsupportedOperationError
-from ..mixins import COLUMN_NAMES, Status, inline_count, status_is
-from ..records import TaskRecord
-from ..redaction import describe_error, escape_controls
+from ..common.exceptions import UnsupportedOperationError
+from ..common.redaction import describe_error, escape_controls
+from ..schema.mixins import COLUMN_NAMES, Status, inline_count, status_is
+from ..schema.records import TaskRecord
 from . import libpq
 from .base import (
     PROMOTE_CHUNK,

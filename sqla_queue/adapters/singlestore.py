@@ -36,9 +36,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, event, select, update
 
-from ..exceptions import UnsupportedOperationError
-from ..mixins import Status, status_is
-from ..records import TaskRecord
+from ..common.exceptions import UnsupportedOperationError
+from ..schema.mixins import Status, status_is
+from ..schema.records import TaskRecord
 from .base import Adapter
 from .locks import LocalRoutineLock, RoutineLock
 from .mysql import MySQLAdapter

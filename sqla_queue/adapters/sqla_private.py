@@ -13,7 +13,7 @@ Presence is checked once, at import (``AsyncConnection``'s at each call:
 its module needs greenlet, which only async workers import). Where
 sqla-queue has a safe answer without the name (the ordinary, public path),
 the function gives it; otherwise it raises
-:class:`~sqla_queue.exceptions.SQLAlchemyChangedError` on its first call,
+:class:`~sqla_queue.common.exceptions.SQLAlchemyChangedError` on its first call,
 naming the function and the SQLAlchemy version.
 
 What is not here, because it is public or not SQLAlchemy's: the
@@ -37,7 +37,7 @@ from sqlalchemy.pool import Pool
 from sqlalchemy.sql.dml import ValuesBase
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from ..exceptions import SQLAlchemyChangedError
+from ..common.exceptions import SQLAlchemyChangedError
 
 __all__ = [
     "PRIVATE_NAMES",

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, event, false, select, update
 
-from ..mixins import Status
-from ..records import TaskRecord
+from ..schema.mixins import Status
+from ..schema.records import TaskRecord
 from .base import Adapter
 from .locks import LocalRoutineLock, RoutineLock, SQLiteRoutineLock
 

@@ -1,4 +1,4 @@
-"""The statements of unique tasks (``sqla_queue/unique.py``), beside the
+"""The statements of unique tasks (``sqla_queue/enqueue/unique.py``), beside the
 adapters: the key table's upsert per dialect, the reads that must be
 locking reads on the MySQL family, and the live-key index per dialect (the
 database's own guard: at most one live task per key), with the error its
@@ -30,10 +30,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import DDL, CreateIndex, ExecutableDDLElement
 from sqlalchemy.sql.elements import ColumnElement
 
-from ..exceptions import DuplicateTaskError, UnsupportedOperationError
-from ..identifiers import derived_identifier
-from ..mixins import OPEN_STATUSES, Status, status_is
-from ..types import dialect_family
+from ..common.exceptions import DuplicateTaskError, UnsupportedOperationError
+from ..common.identifiers import derived_identifier
+from ..common.types import dialect_family
+from ..schema.mixins import OPEN_STATUSES, Status, status_is
 
 __all__ = [
     "LIVE_KEY_COLUMN",

@@ -47,10 +47,10 @@ from ..adapters.unique import (
     live_index_names,
     live_key_statements,
 )
-from ..catalog import SCHEMA_WIDE
-from ..configuration_table import SettingRow, configuration_rows
-from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
-from ..unique import policies_of
+from ..config.sources import SCHEMA_WIDE
+from ..enqueue.unique import policies_of
+from ..schema.configuration_table import SettingRow, configuration_rows
+from ..schema.mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
 from .operations import (
     AlterQueueChannelOp,
     CreateQueueIndexOp,

@@ -38,9 +38,9 @@ from sqlalchemy import Column, Index, MetaData, String, Table, Text, column, ins
 from sqlalchemy.dialects import postgresql
 
 from ..adapters.unique import live_index_names, live_key_drop_statements, live_key_statements
-from ..configuration_table import SettingRow
-from ..identifiers import derived_identifier, validate_identifier
-from ..mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
+from ..common.identifiers import derived_identifier, validate_identifier
+from ..schema.configuration_table import SettingRow
+from ..schema.mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
 
 __all__ = [
     "AlterQueueChannelOp",
@@ -563,7 +563,7 @@ class RenameQueueTableOp(MigrateOperation):
 
 @Operations.implementation_for(RenameQueueTableOp)
 def _rename_queue_table(operations: Operations, op: RenameQueueTableOp) -> None:
-    from ..ddl import queue_tables  # the ddl module imports the mixins' models
+    from .ddl import queue_tables  # the ddl module imports the mixins' models
 
     dialect = _dialect_name(operations)
     old = notify_trigger_ddl(op.old_table_name, op.schema, op.old_channel)

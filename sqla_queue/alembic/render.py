@@ -18,9 +18,9 @@ from alembic.autogenerate.api import AutogenContext
 from sqlalchemy.schema import DefaultClause
 from sqlalchemy.sql.elements import False_, True_
 
-from ..types import utc_now
+from ..common.types import utc_now
 
-TYPES_IMPORT = "import sqla_queue.types"
+TYPES_IMPORT = "import sqla_queue.common.types"
 
 
 def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
@@ -32,7 +32,7 @@ def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | 
     prefix = autogen_context.opts.get("sqlalchemy_module_prefix", "sa.")
     if isinstance(default, utc_now):
         autogen_context.imports.add(TYPES_IMPORT)
-        return "sqla_queue.types.utc_now()"
+        return "sqla_queue.common.types.utc_now()"
     if isinstance(default, True_):
         return f"{prefix}true()"
     if isinstance(default, False_):

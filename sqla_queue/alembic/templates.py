@@ -24,8 +24,8 @@ from alembic.util import CommandError
 from sqlalchemy import MetaData
 from sqlalchemy.engine import URL
 
-from ..exceptions import ConfigurationError
-from ..settings import database_url, normalize_url
+from ..common.exceptions import ConfigurationError
+from ..config.settings import database_url, normalize_url
 
 TEMPLATES = ("generic", "multidb")
 _TARGET_METADATA = re.compile(r"^target_metadata =[ \t]*$", re.MULTILINE)

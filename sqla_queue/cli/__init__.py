@@ -11,10 +11,10 @@ class.
 
 from __future__ import annotations
 
-from ..spark.cli import spark
 from .commands import main
 from .loading import load_model, load_worker
 from .operations import config, maintenance, requeue
+from .spark import spark
 from .status import cancel, dashboard, pause, resume, retry_now, status
 
 __all__ = ["load_model", "load_worker", "main"]

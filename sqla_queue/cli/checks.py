@@ -1,7 +1,7 @@
 """What the commands take in and give out: every number of the command
-line checked against its range (sqla_queue.ranges), and every text that
+line checked against its range (sqla_queue.config.ranges), and every text that
 comes from the database or another server escaped before a terminal gets
-it (sqla_queue.redaction.escape_controls).
+it (sqla_queue.common.redaction.escape_controls).
 
 A number out of range (``--task 9223372036854775808``, ``--window 1e400d``,
 ``nan``, ``inf``, a negative one, 0 where it means nothing) is click's
@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import click
 
-from ..ranges import Range
-from ..redaction import escape_controls
+from ..common.redaction import escape_controls
+from ..config.ranges import Range
 
 __all__ = ["CommandError", "Duration", "Number", "Timestamp", "shown"]
 

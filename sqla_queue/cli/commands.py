@@ -9,14 +9,13 @@ from typing import Any
 
 import click
 
-from ..catalog import COMMIT_BUDGET_MS
-from ..ddl import DIALECTS, queue_ddl
-from ..exceptions import SqlaQueueError
-from ..logs import configure
-from ..mixins import QueueMixin
-from ..ranges import CONCURRENCY, LISTEN_PORT, PORT
-from ..settings import Settings
-from ..subscribers import SubscriberMixin
+from ..alembic.ddl import DIALECTS, queue_ddl
+from ..common.exceptions import SqlaQueueError
+from ..common.logs import configure
+from ..config.ranges import COMMIT_BUDGET_MS, CONCURRENCY, LISTEN_PORT, PORT
+from ..config.settings import Settings
+from ..schema.mixins import QueueMixin
+from ..schema.subscribers import SubscriberMixin
 from ..worker import WorkerBase, WorkerWebhook
 from ..worker.base import BATCH_SIZE
 from .checks import CommandError, Number
@@ -138,7 +137,7 @@ def _run_worker(
         if metrics_port is not None:
             _serve_metrics(cls, metrics_port, metrics_host)
         if tracing:
-            from ..tracing import instrument
+            from ..ops.tracing import instrument
 
             instrument()
         code = cls().run(
@@ -155,7 +154,7 @@ def _run_worker(
 
 
 def _serve_metrics(cls: type[WorkerBase], port: int, host: str) -> None:
-    from ..metrics import serve
+    from ..ops.metrics import serve
 
     try:
         serve(port, host=host, queue=cls.queue_model().__table__.name, processes=cls.processes)
@@ -211,7 +210,7 @@ def webhook(model: str, subscriber_model: str, processes: tuple[str, ...], **opt
 
 
 def print_ddl(schema: str, queue: str, **options: Any) -> None:
-    """Print :func:`sqla_queue.ddl.queue_ddl`, a bad name as a one-line error."""
+    """Print :func:`sqla_queue.alembic.ddl.queue_ddl`, a bad name as a one-line error."""
     try:
         click.echo(queue_ddl(schema, queue, **options), nl=False)
     except SqlaQueueError as exc:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from ..exceptions import WorkerImportError
+from ..common.exceptions import WorkerImportError
 from ..worker import WorkerBase
 
 __all__ = ["load_model", "load_worker"]

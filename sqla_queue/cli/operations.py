@@ -22,13 +22,13 @@ from typing import Any
 import click
 from sqlalchemy.exc import DBAPIError
 
-from ..catalog import SCHEMA_WIDE
-from ..exceptions import SqlaQueueError
+from ..common.exceptions import SqlaQueueError
+from ..common.redaction import describe_error
+from ..config.ranges import REQUEUE_LIMIT, TASK_ID
+from ..config.resolution import resolve, show
+from ..config.settings import Settings, normalize_url
+from ..config.sources import SCHEMA_WIDE
 from ..maintenance import ROUTINES
-from ..ranges import REQUEUE_LIMIT, TASK_ID
-from ..redaction import describe_error
-from ..resolution import resolve, show
-from ..settings import Settings, normalize_url
 from ..worker.operator import OperatorContext
 from .checks import CommandError, Number, Timestamp, shown
 from .loading import load_worker
@@ -135,7 +135,7 @@ def requeue(
     """Requeue dead tasks of WORKER's queue: each starts a new chain with its
     payload, linked to the old one, once. Select them with --id, --process,
     --since/--until, or --all."""
-    from ..client import QueueClient
+    from ..client.queue import QueueClient
 
     if not (ids or process or since or until or all_dead):
         raise click.UsageError("select dead tasks with --id, --process, --since/--until or --all")

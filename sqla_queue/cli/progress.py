@@ -9,14 +9,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from ..progress import Progress
+from ..common.progress import Progress
 
 __all__ = ["progress_bar"]
 
 
 @contextlib.contextmanager
 def progress_bar(label: str) -> Iterator[Progress | None]:
-    """A :data:`~sqla_queue.progress.Progress` that draws a bar labelled
+    """A :data:`~sqla_queue.common.progress.Progress` that draws a bar labelled
     ``label``; None (report nothing) when standard error is no terminal."""
     from rich.console import Console
 

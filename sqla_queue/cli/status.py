@@ -1,7 +1,7 @@
 """The operator's commands: ``status`` (what a queue is doing), ``cancel``
 and ``retry-now`` (acting on waiting tasks).
 
-``status`` counts tasks, not attempts (the definitions: sqla_queue.inspect
+``status`` counts tasks, not attempts (the definitions: sqla_queue.ops.status
 and docs/operations.md) and renders them with rich; ``--json`` prints
 exactly one JSON object, ``--watch`` refreshes in place, ``--task ID``
 shows one chain as a timeline. Task messages are shown as text, never as
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..exceptions import SqlaQueueError
-from ..ranges import OLDER_THAN_SECONDS, TASK_ID, WATCH_SECONDS, WINDOW_SECONDS
+from ..common.exceptions import SqlaQueueError
+from ..config.ranges import OLDER_THAN_SECONDS, TASK_ID, WATCH_SECONDS, WINDOW_SECONDS
 from .checks import Duration, Number, shown
 from .operations import _operator
 
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from rich.console import Console, Group
     from rich.text import Text
 
-    from ..inspect import QueueStatus, Timeline
+    from ..ops.status import QueueStatus, Timeline
 
-# rich and sqla_queue.inspect are imported by the commands that use them:
+# rich and sqla_queue.ops.status are imported by the commands that use them:
 # every other command (a worker's start, each CLI call) skips their import
 
 __all__ = ["cancel", "dashboard", "pause", "resume", "retry_now", "status"]
@@ -72,7 +72,7 @@ def status(
     oldest ready task's age, recent throughput and failures, running
     tasks, and on PostgreSQL the table's size, dead tuples and vacuum
     horizon."""
-    from ..inspect import queue_status, task_timeline
+    from ..ops.status import queue_status, task_timeline
 
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
@@ -138,7 +138,7 @@ def _render(status: QueueStatus) -> Group:
     from rich.console import Group
     from rich.table import Table
 
-    from ..inspect import STATES
+    from ..ops.status import STATES
 
     parts: list[Any] = []
     counts = Table(title=_text(f"queue {status.queue}"), title_justify="left")
@@ -303,7 +303,7 @@ def _time(value: dt.datetime) -> str:
 
 
 def _age(seconds: float) -> str:
-    from ..inspect import describe_age
+    from ..ops.status import describe_age
 
     return describe_age(seconds)
 
@@ -334,7 +334,7 @@ def cancel(
     ends as falha, "Tarefa cancelada pelo operador." (no retry, not dead
     letter). A running task is not touched. Select with --task or
     --process [--older-than]."""
-    from ..control import CANCEL_CHUNK, cancel_process, cancel_task
+    from ..client.control import CANCEL_CHUNK, cancel_process, cancel_task
 
     if bool(task_ids) == bool(process):
         raise click.UsageError("give --task ID (one or more) or --process NAME")
@@ -375,7 +375,7 @@ def cancel(
 def retry_now(worker: str, task_id: int, url: str | None) -> None:
     """Run a scheduled task of WORKER's queue now: a retry waiting out its
     backoff (or a task scheduled for later) becomes ready at once."""
-    from ..control import retry_now as run_now
+    from ..client.control import retry_now as run_now
 
     with _operator(worker, url) as queue, queue.engine.connect() as conn, conn.begin():
         attempt = run_now(conn, queue.adapter, task_id)
@@ -424,12 +424,12 @@ def dashboard(
     --read-only it does not start."""
     import os
 
-    from ..catalog import Flag
+    from ..config.kinds import Flag
 
     try:
         import uvicorn
 
-        from ..dashboard import DashboardConfig, create_app
+        from ..ops.dashboard import DashboardConfig, create_app
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs its extra: pip install 'sqla-queue[dashboard]' ({exc.name})"
@@ -479,8 +479,8 @@ def pause(worker: str, processes: tuple[str, ...], url: str | None) -> None:
     """Pause PROCESS across the whole fleet of WORKER's queue: its tasks
     stay queued (counted as ready) and no worker claims them until resumed;
     running ones finish. Every worker sees it within 2 seconds."""
-    from ..pause import PAUSE_CHECK_SECONDS
-    from ..pause import pause as pause_processes
+    from ..client.pause import PAUSE_CHECK_SECONDS
+    from ..client.pause import pause as pause_processes
 
     with _operator(worker, url) as queue, queue.engine.connect() as conn, conn.begin():
         paused = pause_processes(conn, queue.model, processes)
@@ -497,8 +497,8 @@ def pause(worker: str, processes: tuple[str, ...], url: str | None) -> None:
 @click.option("--url", help=_URL_HELP)
 def resume(worker: str, processes: tuple[str, ...], every: bool, url: str | None) -> None:
     """Resume paused processes of WORKER's queue (--process, or --all)."""
-    from ..pause import paused_processes
-    from ..pause import resume as resume_processes
+    from ..client.pause import paused_processes
+    from ..client.pause import resume as resume_processes
 
     if bool(processes) == every:
         raise click.UsageError("give --process NAME (one or more) or --all")

@@ -16,9 +16,10 @@ from sqlalchemy import Engine, Table
 
 from ..adapters import Adapter
 from ..adapters.limits import RateBuckets
-from ..leases import LeasePolicy
-from ..manager import TaskManager
-from ..resolution import Effective
+from ..batch.manager import TaskManager
+from ..config.resolution import Effective
+from ..config.timing import Every, Schedule
+from ..policies.leases import LeasePolicy
 from .base import Routine, RoutineResult
 from .clock import Clock, ManualClock, SystemClock
 from .lock import RoutineLock, routine_lock_for
@@ -27,7 +28,6 @@ from .purge import BeforeDelete, PurgeConfig, PurgeRoutine
 from .rescue import RescueConfig, RescueRoutine
 from .schedule import ScheduleConfig, ScheduleRoutine
 from .scheduler import Maintenance, SlotRun
-from .timing import Every, Schedule
 from .ttl import TtlConfig, TtlRoutine
 from .vacuum import VacuumConfig, VacuumRoutine
 

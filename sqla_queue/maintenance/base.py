@@ -19,9 +19,9 @@ from typing import ClassVar
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..progress import Progress, describe_counts
+from ..common.progress import Progress, describe_counts
+from ..config.timing import Schedule
 from .clock import Clock, SystemClock
-from .timing import Schedule
 
 __all__ = ["Routine", "RoutineResult"]
 

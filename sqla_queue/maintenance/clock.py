@@ -12,7 +12,7 @@ import datetime as dt
 import threading
 from typing import Protocol
 
-from ..types import utcnow
+from ..common.types import utcnow
 
 __all__ = ["Clock", "ManualClock", "SystemClock"]
 

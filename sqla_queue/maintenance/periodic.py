@@ -46,13 +46,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, inspect
 
 from ..adapters.base import Adapter
-from ..client import QueueClient
-from ..configuration_table import ensure_table, has_queue_name
-from ..exceptions import ConfigurationError
-from ..payload import serialize_payload
+from ..client.queue import QueueClient
+from ..common.exceptions import ConfigurationError
+from ..common.payload import serialize_payload
+from ..config.timing import Every, Schedule, parse_schedule
+from ..schema.configuration_table import ensure_table, has_queue_name
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .timing import Every, Schedule, parse_schedule
 
 __all__ = [
     "PERIODIC_SETTING",

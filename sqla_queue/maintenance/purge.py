@@ -41,12 +41,12 @@ from sqlalchemy import Connection, Engine, Table
 from ..adapters import Adapter
 from ..adapters.limits import RateBuckets
 from ..adapters.maintenance import FamilyRow, family_key
-from ..catalog import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
-from ..mixins import OPEN_STATUSES
-from ..redaction import describe_error
+from ..common.redaction import describe_error
+from ..config.ranges import PURGE_LIMIT, PURGE_MAX_AGE_DAYS, PURGE_ROUNDS
+from ..config.timing import Schedule
+from ..schema.mixins import OPEN_STATUSES
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .timing import Schedule
 
 __all__ = ["BeforeDelete", "PurgeConfig", "PurgeRoutine"]
 

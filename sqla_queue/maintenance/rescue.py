@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from ..adapters import Adapter
-from ..manager import TaskManager
-from ..ranges import Range
+from ..batch.manager import TaskManager
+from ..config.ranges import Range
+from ..config.timing import Schedule
 from .base import Routine, RoutineResult
-from .timing import Schedule
 
 __all__ = ["RescueConfig", "RescueRoutine"]
 

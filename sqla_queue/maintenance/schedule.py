@@ -24,10 +24,10 @@ from sqlalchemy import Engine
 
 from ..adapters import Adapter
 from ..adapters.base import PROMOTE_CHUNK
-from ..ranges import WAIT_SECONDS, Range
+from ..config.ranges import WAIT_SECONDS, Range
+from ..config.timing import Schedule
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .timing import Schedule
 
 __all__ = ["ScheduleConfig", "ScheduleRoutine"]
 

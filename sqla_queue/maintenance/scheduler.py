@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..progress import Progress
-from ..redaction import describe_error
+from ..common.progress import Progress
+from ..common.redaction import describe_error
 from .base import Routine, RoutineResult
 from .clock import Clock, SystemClock
 from .lock import RoutineLock
@@ -83,7 +83,7 @@ class Maintenance:
     ) -> RoutineResult:
         """One round of ``name`` now, without its lock (routines survive
         running beside another worker's round); ``progress``: see
-        :mod:`sqla_queue.progress`."""
+        :mod:`sqla_queue.common.progress`."""
         return self.routine(name).run_once(dry_run=dry_run, progress=progress)
 
     # ------------------------------------------------------------ threads

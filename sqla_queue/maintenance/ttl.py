@@ -21,14 +21,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from ..adapters import Adapter
-from ..catalog import ITEM_TTL_MINUTES
-from ..mixins import MESSAGE_MAX_LENGTH, Status
-from ..ranges import Range
-from ..redaction import fit_message
-from ..rows import dead_letter_row
+from ..common.redaction import fit_message
+from ..config.ranges import ITEM_TTL_MINUTES, Range
+from ..config.timing import Schedule
+from ..schema.mixins import MESSAGE_MAX_LENGTH, Status
+from ..schema.rows import dead_letter_row
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .timing import Schedule
 
 __all__ = ["TtlConfig", "TtlRoutine"]
 

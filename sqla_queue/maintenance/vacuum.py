@@ -39,10 +39,10 @@ from sqlalchemy import Engine
 
 from ..adapters import Adapter
 from ..adapters.base import HorizonHolder, VacuumState
-from ..catalog import VACUUM_DEAD_TUPLES
+from ..config.ranges import VACUUM_DEAD_TUPLES
+from ..config.timing import Schedule
 from .base import Routine, RoutineResult
 from .clock import Clock
-from .timing import Schedule
 
 __all__ = ["HORIZON_BLOCK_SECONDS", "VacuumConfig", "VacuumRoutine"]
 

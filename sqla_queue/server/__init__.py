@@ -4,7 +4,8 @@ MySQL), and its clients. See docs/client-server.md."""
 
 from __future__ import annotations
 
-from .client import (
+from ..common.server_protocol import ProtocolError
+from ..worker.server_client import (
     ServerConnection,
     ServerRefused,
     ServerRoutineLock,
@@ -12,7 +13,6 @@ from .client import (
     ServerWakeups,
     notify_queue,
 )
-from .protocol import ProtocolError
 from .service import QueueServer
 
 __all__ = [

@@ -18,11 +18,11 @@ from sqlalchemy import Engine, Table
 from sqlalchemy.engine import URL
 
 from ..adapters import adapter_for
-from ..client import resolve_table
-from ..exceptions import ConfigurationError
-from ..identifiers import validate_identifier
-from ..mixins import channel_of
-from ..settings import ServerSettings, Settings, make_engine
+from ..client.queue import resolve_table
+from ..common.exceptions import ConfigurationError
+from ..common.identifiers import validate_identifier
+from ..config.settings import ServerSettings, Settings, make_engine
+from ..schema.mixins import channel_of
 from ..worker import WorkerBase
 from .service import QueueServer
 

@@ -54,10 +54,8 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from ..redaction import describe_error
-from ..settings import ServerSettings
-from .admission import REFUSAL_LOG_INTERVAL_SECONDS, Admission, RefusalLog, address_key
-from .protocol import (
+from ..common.redaction import describe_error
+from ..common.server_protocol import (
     HEADER,
     ProtocolError,
     body_length,
@@ -66,6 +64,8 @@ from .protocol import (
     lock_name,
     mac,
 )
+from ..config.settings import ServerSettings
+from .admission import REFUSAL_LOG_INTERVAL_SECONDS, Admission, RefusalLog, address_key
 
 __all__ = ["LockTable", "QueueServer"]
 
@@ -509,7 +509,7 @@ class QueueServer:
 
 
 def _server_ssl_context(settings: ServerSettings) -> ssl.SSLContext | None:
-    from ..exceptions import ConfigurationError
+    from ..common.exceptions import ConfigurationError
 
     if settings.tls_cert is None and settings.tls_key is None:
         return None

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table
 from sqlalchemy.engine import URL
 
-from ..client import resolve_table
-from ..mixins import OPEN_STATUSES, QueueMixin, Status
+from ..client.queue import resolve_table
+from ..schema.mixins import OPEN_STATUSES, QueueMixin, Status
 from .jdbc import read_queue
 
 if TYPE_CHECKING:

@@ -49,11 +49,11 @@ from sqlalchemy.engine import URL
 
 from ..adapters import Adapter, adapter_for, adapter_of
 from ..adapters.archive import family_rows
-from ..client import resolve_table
-from ..exceptions import ConfigurationError, SparkJobError, UnsupportedOperationError
-from ..mixins import OPEN_STATUSES, QueueMixin
-from ..settings import normalize_url
-from ..types import utcnow
+from ..client.queue import resolve_table
+from ..common.exceptions import ConfigurationError, SparkJobError, UnsupportedOperationError
+from ..common.types import utcnow
+from ..config.settings import normalize_url
+from ..schema.mixins import OPEN_STATUSES, QueueMixin
 from .jdbc import read_queue
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Table
 from sqlalchemy.engine import URL
 
-from ..client import resolve_table
-from ..exceptions import ConfigurationError, SparkJobError
-from ..mixins import QueueMixin
-from ..settings import normalize_url
+from ..client.queue import resolve_table
+from ..common.exceptions import ConfigurationError, SparkJobError
+from ..config.settings import normalize_url
+from ..schema.mixins import QueueMixin
 from . import writer
 from .writer import BUCKET, KEY, LOCK_BUCKETS, PRIORITY, RESERVED, RUN_AT, TENANT, WriteSpec
 

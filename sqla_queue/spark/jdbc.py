@@ -21,9 +21,9 @@ from sqlalchemy import Table, create_engine
 from sqlalchemy.engine import URL
 
 from ..adapters import adapter_of
-from ..exceptions import SparkSetupError
-from ..settings import normalize_url
-from ..types import dialect_family
+from ..common.exceptions import SparkSetupError
+from ..common.types import dialect_family
+from ..config.settings import normalize_url
 from .session import JDBC_DRIVERS
 
 if TYPE_CHECKING:

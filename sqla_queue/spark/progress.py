@@ -3,7 +3,7 @@
 A thread polls Spark's status tracker every ``interval`` seconds and prints
 a line when a stage's completed tasks change: the commands' progress, on
 any master (Spark's console progress bar is off: it draws over log lines).
-Given a ``report`` (the CLI's bar on a terminal, :mod:`sqla_queue.progress`),
+Given a ``report`` (the CLI's bar on a terminal, :mod:`sqla_queue.common.progress`),
 it is told the tasks done of every stage seen so far instead.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from ..progress import Progress as Report
+    from ..common.progress import Progress as Report
 
 __all__ = ["Progress"]
 

@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..exceptions import SparkSetupError
+from ..common.exceptions import SparkSetupError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -44,13 +44,13 @@ from sqlalchemy import Connection, create_engine
 from sqlalchemy.pool import NullPool
 
 from ..adapters import Adapter, adapter_for
-from ..client import _task_row, resolve_table
-from ..exceptions import InvalidTaskError, PayloadError, SqlaQueueError
-from ..identifiers import lock_namespace
-from ..mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH
-from ..payload import hash_payload_texts, json_key, serialize_payload
-from ..redaction import describe_error, redact
-from ..types import utcnow
+from ..client.queue import _task_row, resolve_table
+from ..common.exceptions import InvalidTaskError, PayloadError, SqlaQueueError
+from ..common.identifiers import lock_namespace
+from ..common.payload import hash_payload_texts, json_key, serialize_payload
+from ..common.redaction import describe_error, redact
+from ..common.types import utcnow
+from ..schema.mixins import DEFAULT_PRIORITY, MESSAGE_MAX_LENGTH
 
 __all__ = ["BadRowError", "WriteSpec", "write_partition"]
 

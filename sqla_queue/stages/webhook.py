@@ -1,7 +1,7 @@
 """Webhook delivery as a batch stage: the HTTP calls of a claimed batch.
 
-The :class:`WebhookStage` is a :class:`~sqla_queue.pipeline.BatchStage` of
-the :class:`~sqla_queue.manager.TaskManager`: for a claimed batch (claim
+The :class:`WebhookStage` is a :class:`~sqla_queue.policies.pipeline.BatchStage` of
+the :class:`~sqla_queue.batch.manager.TaskManager`: for a claimed batch (claim
 committed) it reads the subscriptions the copies name in a short
 transaction of its own, makes the calls outside any transaction,
 concurrently and bounded (``webhook_concurrency``), then the batch
@@ -33,10 +33,10 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
 from ..adapters import Adapter
-from ..exceptions import SqlaQueueError
-from ..pipeline import Handler
-from ..records import TaskRecord
-from ..webhooks import (
+from ..common.exceptions import SqlaQueueError
+from ..policies.pipeline import Handler
+from ..schema.records import TaskRecord
+from ..webhooks.delivery import (
     Delivery,
     DeliveryResult,
     WebhookClient,
@@ -47,7 +47,7 @@ from ..webhooks import (
 
 __all__ = ["WebhookDeliveryFailed", "WebhookStage", "webhook_subscribers_of"]
 
-logger = logging.getLogger("sqla_queue.webhooks")
+logger = logging.getLogger("sqla_queue.webhooks.delivery")
 
 
 class WebhookDeliveryFailed(SqlaQueueError):

@@ -49,10 +49,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only, greenlet_spawn
 
 from ..adapters.sqla_private import async_connection_of
-from ..batching import Gate, LoopGate
-from ..logs import task_fields
-from ..manager import describe_traceback, task_label
-from ..records import TaskRecord
+from ..batch.manager import describe_traceback, task_label
+from ..batch.transaction import Gate, LoopGate
+from ..common.logs import task_fields
+from ..schema.records import TaskRecord
 from .app import QueueApp
 from .runner import Runner
 from .wakeup import AsyncLaneWakeup

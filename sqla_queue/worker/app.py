@@ -30,28 +30,27 @@ from ..adapters.configuration import read_rows
 from ..adapters.limits import RateBuckets
 from ..adapters.liveness import default_bound
 from ..adapters.sqla_private import pool_max_overflow
-from ..catalog import COMMIT_BUDGET_MS, TIME_LIMIT_SECONDS
-from ..configuration_table import configuration_table_of, ensure_table, has_queue_name
-from ..exceptions import ConfigurationError, WorkerDatabaseError
-from ..fairness import FairClaims, check_fair_by, check_key_limit, check_key_rate
-from ..fanout import FanOut
-from ..hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
-from ..leases import Claims, Heartbeat, LeasePolicy, new_worker_id
-from ..limits import LimitedClaims, check_limits, check_rates
+from ..batch.manager import ClaimSource, PlainClaims, TaskManager, task_label
+from ..common.exceptions import ConfigurationError, WorkerDatabaseError
+from ..config.ranges import COMMIT_BUDGET_MS, LEASE_SECONDS, TIME_LIMIT_SECONDS
+from ..config.resolution import Effective, resolve
+from ..config.settings import Settings, make_async_engine, make_engine
+from ..enqueue.routing import claim_filter_of
 from ..maintenance import Maintenance, RoutineLock, SlotRun, build_routines, routine_lock_for
 from ..maintenance.clock import Clock, SystemClock
-from ..manager import ClaimSource, PlainClaims, TaskManager, task_label
-from ..mixins import channel_of
-from ..pipeline import registered_middleware
-from ..ranges import LEASE_SECONDS
-from ..records import TaskRecord
-from ..resolution import Effective, resolve
-from ..retry import ExponentialBackoff, LinearBackoff, RetryPolicy
-from ..routing import claim_filter_of
-from ..settings import Settings, make_async_engine, make_engine
+from ..policies.fairness import FairClaims, check_fair_by, check_key_limit, check_key_rate
+from ..policies.hooks import ROUTINE_RAN, Hooks, RoutineEvent, registry
+from ..policies.leases import Claims, Heartbeat, LeasePolicy, new_worker_id
+from ..policies.limits import LimitedClaims, check_limits, check_rates
+from ..policies.pipeline import registered_middleware
+from ..policies.retry import ExponentialBackoff, LinearBackoff, RetryPolicy
+from ..policies.timelimit import TimeLimiter
+from ..schema.configuration_table import configuration_table_of, ensure_table, has_queue_name
+from ..schema.mixins import channel_of
+from ..schema.records import TaskRecord
+from ..schema.subscribers import SubscriberMixin
+from ..stages.fanout import FanOut
 from ..stages.webhook import WebhookStage, webhook_subscribers_of
-from ..subscribers import SubscriberMixin
-from ..timelimit import TimeLimiter
 from . import providers
 from .contract import Worker
 from .operator import check_table, database_error, describe, read_configuration

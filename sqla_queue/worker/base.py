@@ -31,17 +31,17 @@ from sqlalchemy import Connection, Engine, Table, event
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from ..catalog import check_attributes
-from ..exceptions import ConfigurationError
-from ..limits import check_limits, check_rates
+from ..client.tenants import TenantEngines, TenantResolver, resolver_from_settings
+from ..common.exceptions import ConfigurationError
+from ..config.ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
+from ..config.settings import Settings
+from ..config.sources import check_attributes
+from ..enqueue.routing import claim_filter_of
 from ..maintenance.periodic import Periodic, check_periodic
-from ..mixins import QueueMixin
-from ..ranges import BASE_INTERVAL_MINUTES, MAX_RETRY, Range
-from ..records import TaskRecord
-from ..routing import claim_filter_of
-from ..settings import Settings
-from ..tenants import TenantEngines, TenantResolver, resolver_from_settings
-from ..timelimit import Attempt, current_attempt
+from ..policies.limits import check_limits, check_rates
+from ..policies.timelimit import Attempt, current_attempt
+from ..schema.mixins import QueueMixin
+from ..schema.records import TaskRecord
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -126,7 +126,7 @@ class WorkerBase(abc.ABC):
     #: its workers and these share one queue; None: SQLA_QUEUE_NSJ_LOCKS
     #: (default false). PostgreSQL only (docs/coming-from-nsj-queue-lib.md)
     nsj_locks: ClassVar[bool | None] = None
-    # --- routing by process (h14-pubsub): see sqla_queue/routing.py
+    # --- routing by process (h14-pubsub): see sqla_queue/enqueue/routing.py
     #: the ``processo`` names this worker claims (a set); None: every task
     processes: ClassVar[frozenset[str] | set[str] | None] = None
     #: multi-database tenants (docs/tenants.md): handlers get a fifth argument,
@@ -391,7 +391,7 @@ class WorkerBase(abc.ABC):
             cls._check_handlers(tenant_session=True)
         cls.queue_model()
         # --- routing by process (h14-pubsub)
-        from ..routing import check_processes
+        from ..enqueue.routing import check_processes
 
         check_processes(f"{name}.processes", cls.processes)
 

@@ -1,7 +1,7 @@
 """The commit watch: no finished task waits for a slow neighbour.
 
 A lane runs its claim's tasks one after another and commits their outcomes
-in groups (``sqla_queue/batching.py``). While one of its handlers runs, the
+in groups (``sqla_queue/batch/transaction.py``). While one of its handlers runs, the
 watch looks at the lane every quarter of the commit budget, through the
 lane's gate (a lane busy with its connections is skipped):
 
@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.util import greenlet_spawn
 
-from ..batching import Lane
-from ..manager import TaskManager
-from ..redaction import describe_error
+from ..batch.manager import TaskManager
+from ..batch.transaction import Lane
+from ..common.redaction import describe_error
 
 __all__ = ["CommitWatch"]
 

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from sqlalchemy import Connection, Table
 from sqlalchemy.orm import Session
 
-from ..records import TaskRecord
+from ..schema.records import TaskRecord
 
 if TYPE_CHECKING:
-    from ..mixins import QueueMixin
-    from ..settings import Settings
+    from ..config.settings import Settings
+    from ..schema.mixins import QueueMixin
 
 __all__ = ["Worker"]
 

@@ -23,13 +23,13 @@ from sqlalchemy.exc import DBAPIError
 from ..adapters import Adapter, ErrorKind, adapter_for
 from ..adapters.configuration import read_rows
 from ..adapters.liveness import default_bound
-from ..catalog import TableRow
-from ..configuration_table import configuration_table_of
-from ..exceptions import ConfigurationError, WorkerDatabaseError
-from ..mixins import channel_of
-from ..redaction import redact
-from ..resolution import Effective, resolve
-from ..settings import Settings, make_engine
+from ..common.exceptions import ConfigurationError, WorkerDatabaseError
+from ..common.redaction import redact
+from ..config.resolution import Effective, resolve
+from ..config.settings import Settings, make_engine
+from ..config.sources import TableRow
+from ..schema.configuration_table import configuration_table_of
+from ..schema.mixins import channel_of
 from . import providers
 
 __all__ = ["OperatorContext", "check_table", "database_error", "describe", "read_configuration"]

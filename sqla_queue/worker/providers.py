@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from ..adapters.base import Adapter, Listener
-from ..exceptions import ConfigurationError
-from ..settings import Settings
+from ..common.exceptions import ConfigurationError
+from ..config.settings import Settings
 
 if TYPE_CHECKING:
-    from ..server.client import ServerRoutineLock
+    from .server_client import ServerRoutineLock
 
 __all__ = ["check_adapter", "server_routine_lock", "task_locks", "wakeups"]
 
@@ -54,7 +54,7 @@ def wakeups(
     """The wake-up provider: the queue server in client-server mode, else
     the database's own (LISTEN on PostgreSQL), else None (polling)."""
     if settings.server.enabled:
-        from ..server.client import ServerWakeups
+        from .server_client import ServerWakeups
 
         return ServerWakeups(settings.server, adapter.channel, client_name=client_name)
     if adapter.supports_notify:
@@ -67,6 +67,6 @@ def server_routine_lock(settings: Settings, *, client_name: str) -> ServerRoutin
     mode; None when the database's own locks serve."""
     if not settings.server.enabled:
         return None
-    from ..server.client import ServerRoutineLock
+    from .server_client import ServerRoutineLock
 
     return ServerRoutineLock(settings.server, client_name=client_name)

@@ -16,7 +16,7 @@
 
 A worker of this class claims the publications of its table (of its
 ``processes``, when set) and fans each out to the matching subscriptions
-(``sqla_queue/fanout.py``), and claims the copies of *its* subscriptions
+(``sqla_queue/stages/fanout.py``), and claims the copies of *its* subscriptions
 only: those whose ``subscriber_id`` has a method here. ``payload`` is the
 decoded publication payload; ``subscription`` a :class:`SubscriptionRecord`
 of the subscription as it was when the publication was fanned out (read from
@@ -36,10 +36,10 @@ from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy.orm import Session
 
-from ..exceptions import ConfigurationError, SubscriberNotRegistered
-from ..payload import decode_payload
-from ..records import TaskRecord
-from ..subscribers import SubscriberMixin, SubscriptionRecord
+from ..common.exceptions import ConfigurationError, SubscriberNotRegistered
+from ..common.payload import decode_payload
+from ..schema.records import TaskRecord
+from ..schema.subscribers import SubscriberMixin, SubscriptionRecord
 from .base import WorkerBase
 
 __all__ = ["WorkerPubSubBase", "dead_subscriber", "subscriber"]

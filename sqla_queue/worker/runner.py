@@ -63,20 +63,20 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session, configure_mappers
 
 from ..adapters import Adapter, ErrorKind
-from ..batching import Gate, Lane, ThreadGate
-from ..exceptions import ConfigurationError
-from ..hooks import LANE_RECONNECTED, LaneEvent
-from ..leases import Heartbeat
-from ..logs import set_worker_id
+from ..batch.manager import ConnectionLost, TaskManager, describe_traceback
+from ..batch.transaction import Gate, Lane, ThreadGate
+from ..client.pause import PAUSE_CHECK_SECONDS, paused_processes
+from ..common.exceptions import ConfigurationError
+from ..common.logs import set_worker_id
+from ..common.redaction import describe_error
+from ..config.resolution import Effective
+from ..config.settings import Settings
 from ..maintenance import Maintenance
 from ..maintenance.clock import Clock
-from ..manager import ConnectionLost, TaskManager, describe_traceback
-from ..pause import PAUSE_CHECK_SECONDS, paused_processes
-from ..records import TaskRecord
-from ..redaction import describe_error
-from ..resolution import Effective
-from ..settings import Settings
-from ..timelimit import TimeLimitExceeded
+from ..policies.hooks import LANE_RECONNECTED, LaneEvent
+from ..policies.leases import Heartbeat
+from ..policies.timelimit import TimeLimitExceeded
+from ..schema.records import TaskRecord
 from .app import QueueApp
 from .commitwatch import CommitWatch
 from .contract import Worker

@@ -19,8 +19,8 @@ from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy.orm import Session
 
-from ..exceptions import ConfigurationError
-from ..records import TaskRecord
+from ..common.exceptions import ConfigurationError
+from ..schema.records import TaskRecord
 from ..stages.webhook import WebhookDeliveryFailed, WebhookStage, webhook_subscribers_of
 from .pubsub import WorkerPubSubBase
 

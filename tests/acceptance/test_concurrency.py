@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
-from sqla_queue.types import utcnow
+from sqla_queue.common.types import utcnow
 from tests.conftest import lock_waits, run_cli, spawn_cli, wait_until
 from tests.support.app import App
 

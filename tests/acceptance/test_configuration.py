@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sqla_queue import ConfigurationError, WorkerBase
-from sqla_queue.resolution import resolve
-from sqla_queue.settings import Settings
+from sqla_queue.config.resolution import resolve
+from sqla_queue.config.settings import Settings
 from tests.conftest import run_cli
 from tests.support import bad_workers
 

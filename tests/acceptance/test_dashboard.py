@@ -29,10 +29,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_queue.dashboard import DashboardConfig, create_app
-from sqla_queue.dashboard.app import COOKIE
-from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.inspect import queue_status
+from sqla_queue.common.exceptions import ConfigurationError
+from sqla_queue.ops.dashboard import DashboardConfig, create_app
+from sqla_queue.ops.dashboard.app import COOKIE
+from sqla_queue.ops.status import queue_status
 from sqla_queue.testing import run_until_empty
 from tests.acceptance.test_concurrency import RECORDING, spawned, worker_env
 from tests.conftest import run_cli, wait_until

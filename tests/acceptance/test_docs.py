@@ -39,10 +39,10 @@ def test_every_import_the_docs_show_works(where: str, statement: str) -> None:
 
 def test_the_settings_of_worker_run_import_from_the_package() -> None:
     """docs/client-server.md: Worker().run(settings=Settings.from_env())."""
-    import sqla_queue.settings
+    import sqla_queue.config.settings
     from sqla_queue import Settings
 
-    assert Settings is sqla_queue.settings.Settings
+    assert Settings is sqla_queue.config.settings.Settings
 
 
 def _code_block(page: str, heading: str) -> str:

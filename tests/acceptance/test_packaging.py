@@ -29,7 +29,7 @@ from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError
-from sqla_queue.settings import driver_error, normalize_url
+from sqla_queue.config.settings import driver_error, normalize_url
 from tests.conftest import ROOT, run_cli
 from tests.support.app import App
 

@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, select
 
 from sqla_queue.adapters import Adapter, adapter_for
-from sqla_queue.client import _task_row
-from sqla_queue.mixins import channel_of
-from sqla_queue.settings import normalize_url
-from sqla_queue.types import utcnow
+from sqla_queue.client.queue import _task_row
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import normalize_url
+from sqla_queue.schema.mixins import channel_of
 from tests.conftest import server_url
 from tests.support.app import App, build
 from tests.support.servers import PgBouncer

@@ -60,13 +60,13 @@ from sqla_queue import UnsupportedOperationError
 from sqla_queue.adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
 from sqla_queue.adapters.base import FAIR_KEY, IN_LIST_MAX, TableHealth, VacuumState
 from sqla_queue.adapters.locks import routine_key
-from sqla_queue.client import _task_row
-from sqla_queue.configuration_table import configuration_table
-from sqla_queue.exceptions import SqlaQueueError
-from sqla_queue.rows import SUCCESS_MESSAGE
-from sqla_queue.status_summary import status_table
-from sqla_queue.types import utcnow
-from sqla_queue.unique import unique_table
+from sqla_queue.client.queue import _task_row
+from sqla_queue.common.exceptions import SqlaQueueError
+from sqla_queue.common.types import utcnow
+from sqla_queue.enqueue.unique import unique_table
+from sqla_queue.ops.status_counts import status_table
+from sqla_queue.schema.configuration_table import configuration_table
+from sqla_queue.schema.rows import SUCCESS_MESSAGE
 from tests.adapters.conftest import OTHER, OWNER, Contract, past
 from tests.conftest import wait_until
 

@@ -19,8 +19,8 @@ from sqlalchemy import Connection, select, update
 
 from sqla_queue import UnsupportedOperationError
 from sqla_queue.adapters import ErrorKind
-from sqla_queue.client import _task_row
-from sqla_queue.types import utcnow
+from sqla_queue.client.queue import _task_row
+from sqla_queue.common.types import utcnow
 from tests.adapters.conftest import OTHER, OWNER, Contract, past
 from tests.conftest import wait_until
 

@@ -1,4 +1,4 @@
-"""``sqla-queue ddl`` and ``python -m sqla_queue.db_gen``.
+"""``sqla-queue ddl`` and ``python -m sqla_queue.cli.db_gen``.
 
 The printed SQL is run as is by the databases' own command-line clients
 (``psql -f``, ``mysql <``, ``sqlite3``), in databases of its own, and the
@@ -18,9 +18,9 @@ from sqlalchemy import create_engine, insert, inspect, text
 from sqlalchemy.engine import make_url
 
 from sqla_queue import DuplicateTaskError
-from sqla_queue.configuration_table import PEQ_SETTINGS
-from sqla_queue.ddl import queue_tables
-from sqla_queue.settings import normalize_url
+from sqla_queue.alembic.ddl import queue_tables
+from sqla_queue.config.settings import normalize_url
+from sqla_queue.schema.configuration_table import PEQ_SETTINGS
 from tests.conftest import run_cli
 from tests.support.migration_helpers import private_database, schema_snapshot
 
@@ -102,7 +102,7 @@ def test_ddl_runs_with_the_database_client_and_matches_create_all(
 def test_db_gen_prints_the_queue_and_subscriber_tables_for_postgresql() -> None:
     alias = run_cli("ddl", "public", "fila", "--subscribers").stdout
     proc = subprocess.run(
-        [sys.executable, "-m", "sqla_queue.db_gen", "public", "fila"],
+        [sys.executable, "-m", "sqla_queue.cli.db_gen", "public", "fila"],
         capture_output=True,
         text=True,
         timeout=60,

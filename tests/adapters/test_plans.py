@@ -33,11 +33,11 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
 from sqla_queue.adapters import ClaimFilter, adapter_for, adapter_of
-from sqla_queue.configuration_table import configuration_table_of
-from sqla_queue.fairness import FairClaims
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings, normalize_url
 from sqla_queue.maintenance import ROUTINES, ManualClock, Periodic
-from sqla_queue.settings import Settings, normalize_url
-from sqla_queue.types import utcnow
+from sqla_queue.policies.fairness import FairClaims
+from sqla_queue.schema.configuration_table import configuration_table_of
 from sqla_queue.worker import Runner
 from tests.conftest import server_url
 from tests.support.app import App, build
@@ -159,9 +159,9 @@ def operator(engine: Engine, app: App, adapter: Any) -> None:
             queries.id_bounds(conn)
             queries.closed_range(conn, since=utcnow(), low=ready, high=ready + 65_535, size=65_536)
             queries.running(conn, limit=20)
-            # a limited process's running tasks (sqla_queue/limits.py)
+            # a limited process's running tasks (sqla_queue/policies/limits.py)
             adapter.limits.running(conn, "operar")
-            # a unique task's chain (sqla_queue/unique.py)
+            # a unique task's chain (sqla_queue/enqueue/unique.py)
             adapter.unique(adapter.table).newest_attempt(conn, ready)
             queries.newest_failures(conn, limit=10)
             queries.task_row(conn, task_id=ready)

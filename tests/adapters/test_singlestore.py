@@ -32,9 +32,9 @@ from sqlalchemy_singlestoredb import dialect as SingleStoreDialect
 
 from sqla_queue import QueueClient
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
-from sqla_queue.ddl_singlestore import SHARD_KEY_COLUMNS
-from sqla_queue.exceptions import UnsupportedOperationError
-from sqla_queue.settings import (
+from sqla_queue.common.ddl_singlestore import SHARD_KEY_COLUMNS
+from sqla_queue.common.exceptions import UnsupportedOperationError
+from sqla_queue.config.settings import (
     ServerSettings,
     Settings,
     database_url,

@@ -33,7 +33,7 @@ from sqlalchemy.engine import make_url
 
 from sqla_queue import QueueClient
 from sqla_queue.adapters.liveness import Keepalive
-from sqla_queue.settings import normalize_url
+from sqla_queue.config.settings import normalize_url
 from tests.acceptance.test_concurrency import Spawned, statuses, stop_gracefully, worker_env
 from tests.conftest import ROOT, WORKER_CLASSES, server_url, spawn_cli, wait_until
 from tests.faults.test_fleet import OPEN, assert_each_chain_ran_once

@@ -37,9 +37,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import create_engine
 
+from sqla_queue.common.server_protocol import HEADER, MAX_BODY_BYTES, body_length, decode_body
 from sqla_queue.server import ServerRoutineLock, ServerWakeups, notify_queue
 from sqla_queue.server.admission import PER_ADDRESS, TOTAL, Admission, RefusalLog, address_key
-from sqla_queue.server.protocol import HEADER, MAX_BODY_BYTES, body_length, decode_body
 from tests.conftest import fuzz_examples, wait_until
 from tests.support.app import build
 from tests.support.queue_server import (

@@ -34,11 +34,11 @@ from sqla_queue.alembic import (
     load_metadata,
     migration_url,
 )
+from sqla_queue.alembic.ddl import queue_tables
 from sqla_queue.alembic.operations import queue_index_applies
-from sqla_queue.configuration_table import PEQ_SETTINGS
-from sqla_queue.ddl import queue_tables
-from sqla_queue.mixins import QUEUE_INDEX_INFO
-from sqla_queue.settings import normalize_url
+from sqla_queue.config.settings import normalize_url
+from sqla_queue.schema.configuration_table import PEQ_SETTINGS
+from sqla_queue.schema.mixins import QUEUE_INDEX_INFO
 from tests.support.migration_helpers import private_database, schema_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ MODELS = """
 from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import QueueMixin, SubscriberMixin
-from sqla_queue.configuration_table import ConfigurationMixin
+from sqla_queue.schema.configuration_table import ConfigurationMixin
 
 
 class Base(DeclarativeBase):
@@ -600,7 +600,7 @@ def test_autogenerate_adds_the_live_key_index_to_a_table_without_it(
     from alembic.operations import ops
 
     from sqla_queue.alembic import CreateQueueUniqueIndexOp
-    from sqla_queue.unique import live_index_name
+    from sqla_queue.enqueue.unique import live_index_name
 
     with private_database(kind, tmp_path) as url:
         engine = create_engine(normalize_url(url))

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-import sqla_queue.events
+import sqla_queue.enqueue.events
 from sqla_queue import (
     AsyncQueueClient,
     ConfigurationError,
@@ -49,7 +49,7 @@ from sqla_queue import (
     install,
     uninstall,
 )
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from tests.conftest import ROOT, created_engine
 from tests.support.app import App
 from tests.support.unique_app import build as build_unique
@@ -121,7 +121,7 @@ def drain(worker: Any, engine: Engine) -> None:
 @pytest.fixture
 def not_installed() -> Iterator[None]:
     """No hook on the Session class before, and none left after."""
-    assert not event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert not event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
     try:
         yield
     finally:
@@ -214,13 +214,13 @@ def test_the_fast_writer_writes_tasks_added_to_an_async_session(
     engine: Engine, app: App, async_installed: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written: list[bool] = []
-    real = sqla_queue.events._fast_writer
+    real = sqla_queue.enqueue.events._fast_writer
 
     def spy(session: Session, tasks: list[Any]) -> None:
         real(session, tasks)
         written.extend(inspect(task).key is not None for task in tasks)
 
-    monkeypatch.setattr(sqla_queue.events, "_fast_writer", spy)
+    monkeypatch.setattr(sqla_queue.enqueue.events, "_fast_writer", spy)
 
     async def body(aengine: AsyncEngine) -> None:
         async with AsyncSession(aengine) as session, session.begin():
@@ -317,7 +317,7 @@ def test_install_on_the_async_session_class_is_install_on_session(
     engine: Engine, app: App, not_installed: None
 ) -> None:
     install(AsyncSession)
-    assert event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
 
     async def add(aengine: AsyncEngine) -> None:
         async with AsyncSession(aengine) as session:
@@ -326,7 +326,7 @@ def test_install_on_the_async_session_class_is_install_on_session(
 
     run(engine, add)
     uninstall(AsyncSession)
-    assert not event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert not event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
     with pytest.raises(NotInstalledError):
         run(engine, add)
     assert _count(engine, app.Task) == 1
@@ -375,11 +375,11 @@ def test_install_on_an_async_sessionmaker_with_its_own_sync_session_class(
         for sync in (Routing, sync_maker):
             sessions = async_sessionmaker(aengine, sync_session_class=sync)
             install(sessions)
-            assert event.contains(sync, "before_flush", sqla_queue.events._before_flush)
+            assert event.contains(sync, "before_flush", sqla_queue.enqueue.events._before_flush)
             async with sessions() as session, session.begin():
                 session.add(app.Task(process="p", payload={"k": 1}))
             uninstall(sessions)
-            assert not event.contains(sync, "before_flush", sqla_queue.events._before_flush)
+            assert not event.contains(sync, "before_flush", sqla_queue.enqueue.events._before_flush)
 
     run(engine, body)
     assert _count(engine, app.Task) == 2
@@ -429,12 +429,12 @@ def test_a_listener_two_targets_share_stays_until_both_are_uninstalled(
     install(Session)
     install(AsyncSession)
     uninstall(AsyncSession)
-    assert event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
     install(AsyncSession)
     uninstall(Session)
-    assert event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
     uninstall(AsyncSession)
-    assert not event.contains(Session, "before_flush", sqla_queue.events._before_flush)
+    assert not event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush)
 
 
 @sqlite_only
@@ -444,9 +444,11 @@ def test_a_session_two_installs_reach_prepares_each_task_once(
     """install(AsyncSession) is on Session, install(maker) on the maker's
     own subclass of it: both listeners are called for one flush."""
     calls: list[str] = []
-    real = sqla_queue.events.prepare_task
+    real = sqla_queue.enqueue.events.prepare_task
     monkeypatch.setattr(
-        sqla_queue.events, "prepare_task", lambda task: (calls.append(task.process), real(task))
+        sqla_queue.enqueue.events,
+        "prepare_task",
+        lambda task: (calls.append(task.process), real(task)),
     )
 
     async def body(aengine: AsyncEngine) -> None:

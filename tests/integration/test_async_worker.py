@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from sqla_queue import WorkerBase
-from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.settings import Settings
+from sqla_queue.common.exceptions import ConfigurationError
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker import Runner
 from sqla_queue.worker import runner as runner_module
 from sqla_queue.worker.aio import AsyncRunner

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import InvalidTaskError, PayloadError, QueueClient
-from sqla_queue.mixins import COLUMN_NAMES
+from sqla_queue.schema.mixins import COLUMN_NAMES
 from tests.conftest import run_cli
 from tests.support.app import App
 

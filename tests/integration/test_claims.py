@@ -35,9 +35,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import QueueMixin, WorkerBase
-from sqla_queue.leases import Heartbeat
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
+from sqla_queue.policies.leases import Heartbeat
 from sqla_queue.worker import Runner
 from tests.conftest import wait_until
 from tests.integration.test_worker import EXHAUSTED_SUFFIX, RESCUED, drain, effects, enqueue, tasks
@@ -600,7 +600,7 @@ def test_a_lane_never_drops_another_lanes_claim_of_the_same_task(
     back (a stop); before its batch ends, lane B claims the same row again
     (SQLite has no per-task lock to keep it out meanwhile). Lane A's batch
     end must not drop lane B's claim from the set the heartbeat renews."""
-    from sqla_queue.leases import Claims
+    from sqla_queue.policies.leases import Claims
 
     first, task_id = enqueue(engine, app, {"n": 1}, {"n": 2})
     worker = runner(app.RecordingWorker, engine)

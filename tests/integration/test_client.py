@@ -1055,7 +1055,7 @@ def test_a_libpq_row_plan_runs_the_bind_processors_that_can_change_a_value() -> 
     from sqlalchemy import Boolean, TypeDecorator
 
     from sqla_queue.adapters import libpq
-    from sqla_queue.types import PayloadHash
+    from sqla_queue.common.types import PayloadHash
 
     class Shouting(TypeDecorator[str]):
         impl = String

@@ -21,7 +21,7 @@ from sqlalchemy.exc import StatementError
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-import sqla_queue.events
+import sqla_queue.enqueue.events
 from sqla_queue import (
     JsonText,
     NotInstalledError,
@@ -67,7 +67,7 @@ def _tasks(engine: Engine, app: App) -> list[Any]:
 @pytest.fixture
 def not_installed() -> None:
     """The hook must not be on the Session class (another test leaked it)."""
-    assert not event.contains(Session, "before_flush", sqla_queue.events._before_flush), (
+    assert not event.contains(Session, "before_flush", sqla_queue.enqueue.events._before_flush), (
         "sqla_queue.install(Session) is still in effect from another test"
     )
 
@@ -149,13 +149,13 @@ def test_payload_is_serialised_once(
     engine: Engine, app: App, installed: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Any] = []
-    real = sqla_queue.events.serialize_payload
+    real = sqla_queue.enqueue.events.serialize_payload
 
     def counting(value: Any) -> str | None:
         calls.append(value)
         return real(value)
 
-    monkeypatch.setattr(sqla_queue.events, "serialize_payload", counting)
+    monkeypatch.setattr(sqla_queue.enqueue.events, "serialize_payload", counting)
     with Session(engine) as s, s.begin():
         task = app.Task(process="faturar", payload={"invoice": 7})
         s.add(task)
@@ -737,9 +737,11 @@ def test_double_install_prepares_each_task_once(
     engine: Engine, app: App, sessions_installed_twice: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Any] = []
-    real = sqla_queue.events.prepare_task
+    real = sqla_queue.enqueue.events.prepare_task
     monkeypatch.setattr(
-        sqla_queue.events, "prepare_task", lambda task: (calls.append(task.process), real(task))
+        sqla_queue.enqueue.events,
+        "prepare_task",
+        lambda task: (calls.append(task.process), real(task)),
     )
     with Session(engine) as s, s.begin():
         s.add(app.Task(process="once", payload={"k": 1}))

@@ -1,4 +1,4 @@
-"""Per-key fairness (sqla_queue/fairness.py, docs/fairness.md) on SQLite,
+"""Per-key fairness (sqla_queue/policies/fairness.py, docs/fairness.md) on SQLite,
 PostgreSQL and MariaDB: a tenant's backlog does not starve another
 tenant's tasks, or the tasks without a tenant; the keys go round."""
 
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, QueueClient, WorkerBase, payload_key
 from sqla_queue.adapters import adapter_of
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import spawned, worker_env
 from tests.conftest import created_engine

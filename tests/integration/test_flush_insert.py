@@ -1,4 +1,4 @@
-"""The flush hook's fast path (sqla_queue/flush_insert.py): a new task is
+"""The flush hook's fast path (sqla_queue/enqueue/flush_insert.py): a new task is
 written by one Core INSERT and then behaves as a flushed ORM object; a model
 or a task it cannot take goes through the unit of work, unchanged."""
 
@@ -12,7 +12,7 @@ from sqlalchemy import BigInteger, Engine, ForeignKey, Integer, event, func, ins
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from sqla_queue import QueueMixin, flush_insert
-from sqla_queue.exceptions import ConfigurationError
+from sqla_queue.common.exceptions import ConfigurationError
 from tests.conftest import created_engine
 from tests.support.app import App
 

@@ -1,4 +1,4 @@
-"""Observers of outcomes (sqla_queue.hooks): called once the outcome is
+"""Observers of outcomes (sqla_queue.policies.hooks): called once the outcome is
 committed, with the task; an observer that raises changes nothing."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, Runner, hooks
-from sqla_queue.hooks import Hooks
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
 from sqla_queue.maintenance import ManualClock
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.policies.hooks import Hooks
 from tests.conftest import wait_until
 from tests.support.app import App
 
@@ -85,10 +85,10 @@ def test_an_observer_that_raises_changes_no_outcome(
         raise RuntimeError("the metrics backend is down")
 
     parts = QueueApp(app.RecordingWorker(), engine=engine, settings=Settings(), hooks=registry)
-    with caplog.at_level(logging.WARNING, logger="sqla_queue.hooks"):
+    with caplog.at_level(logging.WARNING, logger="sqla_queue.policies.hooks"):
         assert Runner(parts, burst=True).run() == 0
     assert status_of(engine, app, task_id) == "sucesso"
-    [line] = [r.getMessage() for r in caplog.records if r.name == "sqla_queue.hooks"]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "sqla_queue.policies.hooks"]
     assert "broken" in line and "task_succeeded" in line and "metrics backend is down" in line
 
 

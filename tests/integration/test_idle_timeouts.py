@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.pool import NullPool
 
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker import Runner
 from sqla_queue.worker.aio import AsyncRunner
 from tests.conftest import server_url, wait_until

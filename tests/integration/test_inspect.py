@@ -26,13 +26,13 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, TaskNotFoundError, TaskStateError
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.locks import routine_key
-from sqla_queue.inspect import STATES, queue_status, task_timeline
+from sqla_queue.common.redaction import escape_controls, escape_json_line
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
 from sqla_queue.maintenance import routine_lock_for
-from sqla_queue.mixins import channel_of
-from sqla_queue.redaction import escape_controls, escape_json_line
-from sqla_queue.settings import Settings
+from sqla_queue.ops.status import STATES, queue_status, task_timeline
+from sqla_queue.schema.mixins import channel_of
 from sqla_queue.testing import run_until_empty
-from sqla_queue.types import utcnow
 from sqla_queue.worker import Runner
 from tests.conftest import wait_until
 from tests.support.app import App
@@ -455,8 +455,8 @@ def test_status_json_and_task_and_the_action_commands(
 WORKER_ONLY = (
     "sqla_queue.worker.app",
     "sqla_queue.worker.runner",
-    "sqla_queue.fairness",
-    "sqla_queue.fanout",
+    "sqla_queue.policies.fairness",
+    "sqla_queue.stages.fanout",
 )
 
 

@@ -1,4 +1,4 @@
-"""Fleet-wide concurrency limits (sqla_queue/limits.py, docs/limits.md):
+"""Fleet-wide concurrency limits (sqla_queue/policies/limits.py, docs/limits.md):
 4 worker processes of 4 lanes each (threads, or coroutines for the async
 worker) never run more than 2 tasks of a
 limited process at once, on every database, while an unlimited process
@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, QueueApp, QueueClient
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from tests.acceptance.test_concurrency import (
     effects,
     lease_expired,
@@ -270,9 +270,13 @@ def test_the_purge_deletes_the_rate_buckets_that_are_full_and_keeps_the_others(
     bucket finds it full."""
     from sqla_queue.adapters import adapter_of
     from sqla_queue.adapters.limits import RateBuckets
-    from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
-    from sqla_queue.limits import claim_within_rate
     from sqla_queue.maintenance import Every, PurgeRoutine
+    from sqla_queue.policies.limits import claim_within_rate
+    from sqla_queue.schema.configuration_table import (
+        configuration_table_of,
+        ensure_table,
+        has_queue_name,
+    )
 
     settings = configuration_table_of(app.Task)
     ensure_table(engine, settings)
@@ -357,8 +361,12 @@ def test_the_bucket_purge_goes_through_every_page(
     import sqla_queue.adapters.limits as bucket_module
     from sqla_queue.adapters import adapter_of
     from sqla_queue.adapters.limits import RateBuckets
-    from sqla_queue.configuration_table import configuration_table_of, ensure_table, has_queue_name
     from sqla_queue.maintenance import Every, PurgeRoutine
+    from sqla_queue.schema.configuration_table import (
+        configuration_table_of,
+        ensure_table,
+        has_queue_name,
+    )
 
     monkeypatch.setattr(bucket_module, "FORGET_LIMIT", 2)
     settings = configuration_table_of(app.Task)

@@ -26,12 +26,12 @@ from sqlalchemy import Connection, Engine, Table, create_engine, delete, func, s
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, WorkerBase
-from sqla_queue.leases import Heartbeat
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
+from sqla_queue.config.timing import Cron, Every, Minutes, parse_schedule
 from sqla_queue.maintenance import ManualClock, PurgeRoutine
 from sqla_queue.maintenance.lock import routine_lock_for
-from sqla_queue.maintenance.timing import Cron, Every, Minutes, parse_schedule
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.policies.leases import Heartbeat
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import insert_tasks, spawned, statuses, worker_env
 from tests.conftest import ROOT, run_cli, wait_until
@@ -138,7 +138,7 @@ def test_routine_lock_is_exclusive_namespaced_and_freed(engine: Engine, app: App
 
 def _other_table_adapter(worker: Runner) -> Any:
     from sqla_queue.adapters import adapter_for
-    from sqla_queue.client import resolve_table
+    from sqla_queue.client.queue import resolve_table
 
     table = resolve_table("fila_sqlaq_other_lock")
     return adapter_for(worker.engine.dialect, table, table.name)

@@ -19,15 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, and_, func, select, update
 from sqlalchemy.orm import Session
 
-from sqla_queue.hooks import Hooks
-from sqla_queue.metrics import (
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
+from sqla_queue.ops.metrics import (
     OTHER_PROCESS,
     PROCESS_LABEL_MAX_CHARS,
     PROCESS_LABELS_MAX,
     QueueMetrics,
 )
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.policies.hooks import Hooks
 from sqla_queue.worker import Runner
 from sqla_queue.worker.app import QueueApp
 from tests.conftest import wait_until

@@ -1,6 +1,6 @@
 """Tasks of mixed durations: a slow task holds nothing but itself.
 
-A lane commits its outcomes in groups (sqla_queue/batching.py); while a
+A lane commits its outcomes in groups (sqla_queue/batch/transaction.py); while a
 slow handler runs, the commit watch (worker/commitwatch.py) commits its
 finished batch-mates and hands its waiting ones back. Every test here runs
 on SQLite, PostgreSQL and MariaDB; a slow handler waits for an event the
@@ -22,10 +22,10 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import WorkerBase
-from sqla_queue.batching import JoinPolicy, Lane, ThreadGate
-from sqla_queue.logs import TASK_FIELDS
-from sqla_queue.records import TaskRecord
-from sqla_queue.settings import Settings
+from sqla_queue.batch.transaction import JoinPolicy, Lane, ThreadGate
+from sqla_queue.common.logs import TASK_FIELDS
+from sqla_queue.config.settings import Settings
+from sqla_queue.schema.records import TaskRecord
 from sqla_queue.worker import Runner
 from sqla_queue.worker.aio import AsyncRunner
 from sqla_queue.worker.commitwatch import CommitWatch
@@ -127,7 +127,7 @@ def test_quick_tasks_commit_while_a_slow_neighbour_runs(
     kind_of_runner = Runner if kind == "sync" else AsyncRunner
     runner = kind_of_runner.for_worker(worker(), engine=engine, concurrency=2, settings=Settings())
     logged = _CommittedWhenLogged(observer, app)
-    logs = logging.getLogger("sqla_queue.manager")
+    logs = logging.getLogger("sqla_queue.batch.manager")
     level = logs.level
     logs.setLevel(logging.INFO)
     logs.addHandler(logged)

@@ -38,8 +38,8 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import JsonText, QueueClient
 from sqla_queue.adapters import adapter_for
-from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.settings import Settings
+from sqla_queue.common.exceptions import ConfigurationError
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker.runner import Runner
 from tests.acceptance.test_concurrency import (
     insert_tasks,

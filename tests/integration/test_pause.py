@@ -15,9 +15,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError
-from sqla_queue.configuration_table import configuration_table_of
-from sqla_queue.pause import pause, paused_processes, resume
-from sqla_queue.settings import Settings
+from sqla_queue.client.pause import pause, paused_processes, resume
+from sqla_queue.config.settings import Settings
+from sqla_queue.schema.configuration_table import configuration_table_of
 from tests.conftest import wait_until
 from tests.integration.test_worker import enqueue
 from tests.support.app import App

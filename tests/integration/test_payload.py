@@ -25,8 +25,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from sqla_queue import JsonText, PayloadError, QueueClient, TaskRecord, WorkerBase
-from sqla_queue.payload import decode_payload, hash_payload, serialize_payload
-from sqla_queue.settings import Settings
+from sqla_queue.common.payload import decode_payload, hash_payload, serialize_payload
+from sqla_queue.config.settings import Settings
 from tests.support.app import App
 
 UTC = dt.timezone.utc

@@ -14,10 +14,10 @@ from sqlalchemy import Engine, create_engine, select
 
 from sqla_queue import ConfigurationError, Periodic, QueueApp
 from sqla_queue.adapters import adapter_of
-from sqla_queue.configuration_table import configuration_table_of
+from sqla_queue.config.settings import Settings
 from sqla_queue.maintenance import ManualClock
 from sqla_queue.maintenance.periodic import PERIODIC_SETTING, last_runs
-from sqla_queue.settings import Settings
+from sqla_queue.schema.configuration_table import configuration_table_of
 from tests.acceptance.test_concurrency import spawned, stop_gracefully, worker_env
 from tests.conftest import run_cli, wait_until
 from tests.support.app import App

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, select
 
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.locks import LeaseRoutineLock
-from sqla_queue.configuration_table import configuration_table_for
+from sqla_queue.schema.configuration_table import configuration_table_for
 from tests.acceptance.test_concurrency import (
     Spawned,
     effects,
@@ -113,7 +113,7 @@ def test_routine_lock_behind_transaction_pooling_is_exclusive_and_freed(
     """With per-task locks off (the PgBouncer set-up), routine locks are
     leases in the configuration table: a session lock would stay on
     whichever server session took it, and never be freed."""
-    from sqla_queue.settings import Settings
+    from sqla_queue.config.settings import Settings
     from sqla_queue.worker import Runner
 
     bouncer = pgbouncer_factory("transaction", pool_size=4)

@@ -30,9 +30,9 @@ from sqla_queue import (
 )
 from sqla_queue.adapters import ClaimFilter
 from sqla_queue.adapters.singlestore import SingleStoreAdapter
-from sqla_queue.fanout import CHUNK_ROWS, NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESSAGE
-from sqla_queue.payload import hash_payload
-from sqla_queue.settings import Settings
+from sqla_queue.common.payload import hash_payload
+from sqla_queue.config.settings import Settings
+from sqla_queue.stages.fanout import CHUNK_ROWS, NO_SUBSCRIBERS_MESSAGE, PUBLISHED_MESSAGE
 from sqla_queue.worker import Runner
 from tests.acceptance.test_concurrency import spawned
 from tests.conftest import wait_until

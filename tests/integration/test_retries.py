@@ -17,10 +17,10 @@ from sqlalchemy import Engine, create_engine, false, insert, select, text, updat
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient
-from sqla_queue.requeue import REQUEUE_CHUNK
-from sqla_queue.retry import ExponentialBackoff
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.client.requeue import REQUEUE_CHUNK
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
+from sqla_queue.policies.retry import ExponentialBackoff
 from tests.acceptance.test_concurrency import spawned, stop_gracefully, worker_env
 from tests.conftest import run_cli, wait_until
 from tests.integration.test_worker import drain, effects, enqueue, tasks
@@ -188,7 +188,7 @@ def _requeue_at_the_barrier(
 ) -> None:
     """One racing process: for each head, wait at the barrier, then
     requeue_dead it in a transaction of the application's plain engine."""
-    from sqla_queue.redaction import describe_error
+    from sqla_queue.common.redaction import describe_error
     from tests.support.app import build
 
     engine = create_engine(url)

@@ -26,16 +26,16 @@ import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from sqla_queue import QueueClient
+from sqla_queue.common.server_protocol import MAX_BODY_BYTES, encode, mac
+from sqla_queue.config.settings import ServerSettings
+from sqla_queue.config.timing import Every
 from sqla_queue.maintenance import Maintenance, ManualClock, RoutineResult
-from sqla_queue.maintenance.timing import Every
 from sqla_queue.server import (
     ServerConnection,
     ServerRefused,
     ServerRoutineLock,
     ServerUnavailable,
 )
-from sqla_queue.server.protocol import MAX_BODY_BYTES, encode, mac
-from sqla_queue.settings import ServerSettings
 from tests.conftest import run_cli, server_url, spawn_cli, wait_until
 from tests.support.app import App, build
 from tests.support.queue_server import (

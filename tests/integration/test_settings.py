@@ -15,10 +15,11 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, Text, create_eng
 from sqlalchemy.orm import DeclarativeBase
 
 from sqla_queue import ConfigurationError, WorkerBase
-from sqla_queue.catalog import CATALOGUE, render_reference, splice_reference
-from sqla_queue.configuration_table import configuration_table
-from sqla_queue.resolution import resolve
-from sqla_queue.settings import Settings, normalize_url
+from sqla_queue.config.catalog import CATALOGUE
+from sqla_queue.config.reference import render_reference, splice_reference
+from sqla_queue.config.resolution import resolve
+from sqla_queue.config.settings import Settings, normalize_url
+from sqla_queue.schema.configuration_table import configuration_table
 from sqla_queue.worker import Runner
 from tests.acceptance.test_configuration import _cli_error
 from tests.conftest import ROOT, run_cli
@@ -307,7 +308,8 @@ def test_config_show_prints_values_and_their_sources(
 def test_the_settings_reference_in_the_docs_is_generated_from_the_catalogue() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert splice_reference(page) == page, (
-        "docs/configuration.md is out of date: python -m sqla_queue.catalog docs/configuration.md"
+        "docs/configuration.md is out of date: "
+        "python -m sqla_queue.config.reference docs/configuration.md"
     )
     reference = render_reference()
     for entry in CATALOGUE:
@@ -383,8 +385,8 @@ def test_a_configuration_table_made_for_one_queue_does_not_retune_another(
     names fila_b or every queue (``*``). A table without queue_name (PEQ's,
     or an older one) is schema-wide, and the source says so."""
     from sqla_queue import QueueMixin, WorkerBase
-    from sqla_queue.configuration_table import CONFIGURATION_TABLE_NAME, configuration_rows
-    from sqla_queue.ddl import queue_ddl, queue_tables
+    from sqla_queue.alembic.ddl import queue_ddl, queue_tables
+    from sqla_queue.schema.configuration_table import CONFIGURATION_TABLE_NAME, configuration_rows
     from tests.support.migration_helpers import private_database
 
     assert "'fila_a'" in queue_ddl("main", "fila_a", dialect="sqlite", config_table=True)

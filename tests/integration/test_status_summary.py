@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, status_summary
 from sqla_queue.adapters.inspection import InspectionQueries
-from sqla_queue.inspect import queue_status
+from sqla_queue.common.types import utcnow
+from sqla_queue.ops.status import queue_status
 from sqla_queue.testing import run_until_empty
-from sqla_queue.types import utcnow
 from tests.integration.test_inspect import build_history, counts_by_definition
 from tests.support.app import App
 

@@ -45,8 +45,7 @@ from sqla_queue import (
     dead_subscriber,
     subscriber,
 )
-from sqla_queue.settings import Settings, TenantSettings, normalize_url
-from sqla_queue.tenants import (
+from sqla_queue.client.tenants import (
     CredentialsApiResolver,
     MappingResolver,
     TenantEngines,
@@ -54,6 +53,7 @@ from sqla_queue.tenants import (
     UrlTemplateResolver,
     resolver_from_settings,
 )
+from sqla_queue.config.settings import Settings, TenantSettings, normalize_url
 from sqla_queue.worker import Runner
 from tests.conftest import run_cli, server_url, wait_until
 from tests.integration.test_worker import drain, enqueue, tasks

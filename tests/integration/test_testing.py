@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_queue import SqlaQueueError
-from sqla_queue.settings import make_async_engine
+from sqla_queue.config.settings import make_async_engine
 from sqla_queue.testing import (
     aenqueued,
     arun_until_empty,

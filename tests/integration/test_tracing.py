@@ -1,4 +1,4 @@
-"""OpenTelemetry (sqla_queue.tracing): the trace context stored at enqueue,
+"""OpenTelemetry (sqla_queue.ops.tracing): the trace context stored at enqueue,
 one span per task in the worker, a child of the span that enqueued it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueApp, QueueClient, Runner, WorkerBase, tracing
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from tests.conftest import run_cli
 from tests.support.app import App
 

@@ -1,4 +1,4 @@
-"""Unique tasks (sqla_queue/unique.py, docs/unique.md) on every database:
+"""Unique tasks (sqla_queue/enqueue/unique.py, docs/unique.md) on every database:
 the three policies through QueueClient and the ORM, what counts as a
 duplicate (waiting, running, retrying, succeeded within the period) and
 what does not (failed, cancelled, rolled back, another tenant, no key),
@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import ConfigurationError, DuplicateTaskError, QueueClient, Unique, duplicate_of
 from sqla_queue.adapters.unique import LIVE_KEY_COLUMN
+from sqla_queue.common.types import utcnow
+from sqla_queue.enqueue.unique import live_index_name, unique_table
 from sqla_queue.testing import run_until_empty
-from sqla_queue.types import utcnow
-from sqla_queue.unique import live_index_name, unique_table
 from tests.conftest import ROOT, created_engine, lock_waits, wait_until
 from tests.support.unique_app import build
 

@@ -22,11 +22,11 @@ import pytest
 from psycopg import sql
 from sqlalchemy import Engine, text
 
+from sqla_queue.config.settings import Settings
+from sqla_queue.config.timing import Every
 from sqla_queue.maintenance import ManualClock, VacuumConfig, VacuumRoutine
 from sqla_queue.maintenance.clock import Clock
-from sqla_queue.maintenance.timing import Every
-from sqla_queue.mixins import STORAGE_PARAMETERS
-from sqla_queue.settings import Settings
+from sqla_queue.schema.mixins import STORAGE_PARAMETERS
 from sqla_queue.worker import Runner
 from tests.adapters.test_plans import make_dead_tuples
 from tests.conftest import wait_until

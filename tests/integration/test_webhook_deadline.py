@@ -1,5 +1,5 @@
 """The webhook delivery's wall-clock deadline against a hostile server
-(sqla_queue.webhook_transport, sqla_queue.webhooks).
+(sqla_queue.webhooks.transport, sqla_queue.webhooks.delivery).
 
 A raw TCP server on 127.0.0.1 reads each request and plays the script its
 path names (``/s/NAME``): bytes sent whole or dripped a byte at a time, a
@@ -36,9 +36,9 @@ from typing import Any
 
 import pytest
 
-from sqla_queue.webhook_guard import Destination
-from sqla_queue.webhook_transport import Call, GuardedHTTPSConnection, calling
-from sqla_queue.webhooks import Delivery, DeliveryResult, WebhookClient
+from sqla_queue.webhooks.delivery import Delivery, DeliveryResult, WebhookClient
+from sqla_queue.webhooks.guard import Destination
+from sqla_queue.webhooks.transport import Call, GuardedHTTPSConnection, calling
 from tests.conftest import fuzz_examples
 
 #: the hostile deliveries' deadline, and how much later they may end at most

@@ -246,7 +246,7 @@ def test_pubsub_worker_hands_its_webhook_subscriptions_to_the_delivery(
 
 
 def test_routing_a_webhook_worker_claims_publications_and_every_copy(papp: PubSubApp) -> None:
-    from sqla_queue.routing import claim_filter_of
+    from sqla_queue.enqueue.routing import claim_filter_of
 
     hooks = type(
         "Hooks", (WorkerWebhook,), {"model": papp.Task, "subscriber_model": papp.Subscriber}

@@ -1,4 +1,4 @@
-"""Webhook delivery (sqla_queue.webhooks) against real HTTP servers on 127.0.0.1.
+"""Webhook delivery (sqla_queue.webhooks.delivery) against real HTTP servers on 127.0.0.1.
 
 Each server is a ThreadingHTTPServer in a thread; what a handler does is
 chosen by the request path:
@@ -39,10 +39,8 @@ from requests.adapters import HTTPAdapter
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from urllib3.util import parse_url
 
-from sqla_queue.exceptions import ConfigurationError
-from sqla_queue.webhook_guard import AddressPolicy, Destination, Refused, parse_destination
-from sqla_queue.webhook_transport import Call, GuardedHTTPConnection, calling
-from sqla_queue.webhooks import (
+from sqla_queue.common.exceptions import ConfigurationError
+from sqla_queue.webhooks.delivery import (
     MAX_RESPONSE_BYTES,
     MESSAGE_LIMIT,
     Delivery,
@@ -52,6 +50,8 @@ from sqla_queue.webhooks import (
     sign,
     webhook_timeout_from_env,
 )
+from sqla_queue.webhooks.guard import AddressPolicy, Destination, Refused, parse_destination
+from sqla_queue.webhooks.transport import Call, GuardedHTTPConnection, calling
 
 TOKEN = "tok-3f9a1c77e2b54d0d9b1e"  # a header value the servers echo back
 SECRET_KEY = b"0123456789abcdef0123456789abcdef"

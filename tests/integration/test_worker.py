@@ -32,8 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, WorkerBase
-from sqla_queue.settings import Settings
-from sqla_queue.types import utcnow
+from sqla_queue.common.types import utcnow
+from sqla_queue.config.settings import Settings
 from sqla_queue.worker import QueueApp, Runner
 from tests.conftest import lock_waits, wait_until
 from tests.support.app import App

@@ -13,10 +13,10 @@ from sqlalchemy import Connection, Engine, Table, delete, func, select
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient
-from sqla_queue.exceptions import SparkJobError
+from sqla_queue.common.exceptions import SparkJobError
+from sqla_queue.common.types import utcnow
 from sqla_queue.spark import ArchiveHook, archive_chains
 from sqla_queue.spark import archive as archive_module
-from sqla_queue.types import utcnow
 from tests.integration.test_worker import drain, enqueue
 from tests.support.app import App
 from tests.support.spark_fixtures import add_chain

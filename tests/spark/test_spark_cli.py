@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_before_spark_starts(
 
 
 def test_missing_jar_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sqla_queue.exceptions import SparkSetupError
+    from sqla_queue.common.exceptions import SparkSetupError
     from sqla_queue.spark import session
 
     monkeypatch.setattr(session.JDBC_DRIVERS["mysql"], "jar", Path("/nowhere/mariadb.jar"))

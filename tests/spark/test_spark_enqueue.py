@@ -15,8 +15,8 @@ from sqlalchemy import Engine, func, make_url, select, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, Status, WorkerBase
-from sqla_queue.exceptions import ConfigurationError, SparkJobError
-from sqla_queue.settings import Settings
+from sqla_queue.common.exceptions import ConfigurationError, SparkJobError
+from sqla_queue.config.settings import Settings
 from sqla_queue.spark import enqueue_dataframe
 from tests.support.app import App
 
@@ -95,7 +95,7 @@ def _schema() -> Any:
 @pytest.fixture
 def pg_app(table_name: str) -> Iterator[tuple[App, Engine]]:
     """A queue table on PostgreSQL alone."""
-    from sqla_queue.settings import normalize_url
+    from sqla_queue.config.settings import normalize_url
     from tests.conftest import created_engine, server_url
     from tests.support.app import build
 
@@ -282,7 +282,7 @@ class CountingWorker(WorkerBase):
 def test_enqueued_rows_are_all_processed_and_a_rerun_with_dedupe_adds_nothing(
     spark: Any, database: str, rows: int, table_name: str, installed: None
 ) -> None:
-    from sqla_queue.settings import normalize_url
+    from sqla_queue.config.settings import normalize_url
     from tests.conftest import created_engine, server_url
     from tests.support.app import build
 
@@ -532,7 +532,7 @@ def test_a_connection_killed_during_the_copy_fails_the_partition_and_writes_noth
     """The fast path's COPY, its writer thread sending: the backend is
     terminated between two batches. The partition raises one line (Spark
     retries the task), nothing of it is in the table, and nothing hangs."""
-    from sqla_queue.exceptions import SqlaQueueError
+    from sqla_queue.common.exceptions import SqlaQueueError
     from sqla_queue.spark import writer
 
     app, engine = pg_app

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_queue.settings import Settings
+from sqla_queue.config.settings import Settings
 from sqla_queue.spark import queue_report
 from tests.support.app import App
 from tests.support.spark_fixtures import add_chain

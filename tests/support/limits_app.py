@@ -1,5 +1,5 @@
 """A worker with a fleet-wide concurrency limit of 2 on process
-``limitado`` (sqla_queue/limits.py), on the table named by
+``limitado`` (sqla_queue/policies/limits.py), on the table named by
 ``SQLA_QUEUE_TEST_TABLE``. Each handler counts itself in and out of a
 counter per process shared by every worker process (a file under
 ``SQLA_QUEUE_TEST_PROBE``, updated under ``flock``), holding its task for

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from sqla_queue.settings import normalize_url
+from sqla_queue.config.settings import normalize_url
 from tests.conftest import server_url
 
 

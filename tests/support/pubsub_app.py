@@ -27,7 +27,7 @@ from sqla_queue import (
     dead_subscriber,
     subscriber,
 )
-from sqla_queue.fanout import FanOut
+from sqla_queue.stages.fanout import FanOut
 
 
 @dataclass

@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqla_queue.common.server_protocol import HEADER, body_length, decode_body, encode, mac
+from sqla_queue.config.settings import ServerSettings
 from sqla_queue.server import ServerConnection, ServerUnavailable
-from sqla_queue.server.protocol import HEADER, body_length, decode_body, encode, mac
-from sqla_queue.settings import ServerSettings
 from tests.conftest import spawn_cli, wait_until
 
 SECRET = "test-secret-0123456789-abcdef"

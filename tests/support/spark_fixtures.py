@@ -44,7 +44,7 @@ def spark() -> Iterator[Any]:
 @pytest.fixture(params=JDBC_DATABASES)
 def jdbc_url(request: pytest.FixtureRequest) -> str:
     """PostgreSQL and MariaDB: the databases Spark's JDBC source reads."""
-    from sqla_queue.settings import normalize_url
+    from sqla_queue.config.settings import normalize_url
     from tests.conftest import server_url
 
     return str(normalize_url(server_url(request.param)).render_as_string(hide_password=False))

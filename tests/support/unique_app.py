@@ -1,4 +1,4 @@
-"""A queue model with unique processes (sqla_queue/unique.py), one per
+"""A queue model with unique processes (sqla_queue/enqueue/unique.py), one per
 policy, and a worker; ``python -m tests.support.unique_app URL TABLE
 ROUNDS`` enqueues the same keys ROUNDS times, half through QueueClient and
 half through the ORM, each in its own transaction that reads the queue

@@ -1,5 +1,6 @@
-"""The package's shape, read from its source: no import circle, and the core
-never imports the features built on it.
+"""The package's shape, read from its source: no import circle, and no
+layer (a folder of ``sqla_queue/``, in the order of LAYERS) imports from a
+layer above it.
 
 Every import counts: at module level, inside functions (lazy), and under
 ``TYPE_CHECKING``. ``from package import name`` counts as importing the
@@ -18,20 +19,6 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 PACKAGE = ROOT / "sqla_queue"
-#: the modules and packages every other part builds on
-CORE = (
-    "manager",
-    "adapters",
-    "mixins",
-    "events",
-    "client",
-    "records",
-    "payload",
-    "leases",
-    "retry",
-)
-#: the parts built on the core
-FEATURES = ("worker", "server", "spark", "alembic", "cli", "ops")
 
 
 def _modules() -> dict[str, Path]:
@@ -118,26 +105,15 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _top(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
-def core_to_feature(graph: dict[str, set[str]]) -> Iterator[tuple[str, str]]:
-    for module, imported in sorted(graph.items()):
-        if _top(module) in CORE:
-            for other in sorted(imported):
-                if _top(other) in FEATURES:
-                    yield module, other
-
-
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     """The reader itself: a function-level import and a TYPE_CHECKING one
     are edges (the manager's type-only import of the webhook worker was one
     of the circles this test was written against)."""
     graph = import_graph()
     assert "sqla_queue.worker.runner" in graph["sqla_queue.worker.base"]  # inside run()
-    assert "sqla_queue.settings" in graph["sqla_queue.resolution"]  # TYPE_CHECKING only
+    assert (
+        "sqla_queue.config.settings" in graph["sqla_queue.config.resolution"]
+    )  # TYPE_CHECKING only
     assert "sqla_queue.worker.providers" in graph["sqla_queue.worker.app"]  # from . import
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -146,20 +122,78 @@ def test_no_import_circle() -> None:
     assert circles(import_graph()) == []
 
 
-def test_the_core_imports_no_feature() -> None:
-    assert list(core_to_feature(import_graph())) == []
+# ------------------------------------------------------------------ layers
+#: the layers of ``sqla_queue/``, bottom to top: one folder each (the names
+#: docs/architecture.md draws); a module imports from its own layer and those
+#: below, never above. The facade on top: the package's ``__init__``, the
+#: old paths (``_moved``) and the users' test helpers (``testing``).
+LAYERS = (
+    ("common", "errors, identifiers, column types, payloads, redaction, logging"),
+    ("config", "the settings' catalogue, the environment, resolution, ranges"),
+    ("schema", "the table contract: mixins, records, rows, the tables beside"),
+    ("adapters", "every statement, per dialect; locks; SQLAlchemy's private API"),
+    ("webhooks", "the HTTP side of webhooks: delivery, URL guard, transport"),
+    ("enqueue", "the session's flush hook, unique keys, routing"),
+    ("policies", "retries, leases, time limits, limits, fairness, pipeline, hooks"),
+    ("batch", "one lane's batch: the manager and its transaction"),
+    ("stages", "work a batch needs besides its handlers: fan-out, webhooks"),
+    ("client", "the application's side: enqueue, requeue, control, pause"),
+    ("maintenance", "the routines and their schedules"),
+    ("worker", "the worker classes, QueueApp (assembly), the runner"),
+    ("server", "the queue server (client-server mode)"),
+    ("ops", "status, counts, metrics, tracing, the dashboard"),
+    ("alembic", "migrations and DDL"),
+    ("spark", "the Spark pipeline"),
+    ("cli", "the commands"),
+    ("", "the facade: __init__, _moved, testing"),
+)
+FACADE = {"sqla_queue", "sqla_queue._moved", "sqla_queue.testing"}
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of ``module``'s layer (its folder)."""
+    if module in FACADE:
+        return len(LAYERS) - 1
+    names = [name for name, _ in LAYERS]
+    return names.index(module.split(".")[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> Iterator[tuple[str, str]]:
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            if layer_of(other) > layer_of(module):
+                yield module, other
+
+
+def test_every_module_is_in_a_layer() -> None:
+    unknown = []
+    for module in import_graph():
+        try:
+            layer_of(module)
+        except ValueError:
+            unknown.append(module)
+    assert unknown == [], "a folder or top-level module that LAYERS does not list"
+
+
+def test_no_layer_imports_from_a_layer_above() -> None:
+    assert list(upward_imports(import_graph())) == []
+
+
+def test_the_layer_reader_finds_an_upward_import() -> None:
+    graph = {"sqla_queue.common.types": {"sqla_queue.worker.app"}, "sqla_queue.cli.x": set()}
+    assert list(upward_imports(graph)) == [("sqla_queue.common.types", "sqla_queue.worker.app")]
 
 
 # ------------------------------------------------------------- dialect code
 #: where SQL text and tests of the dialect belong, and why
 DIALECT_PLACES = {
     "sqla_queue/adapters/": "every statement on the queue, per dialect",
-    "sqla_queue/ddl.py": "the CREATE statements",
-    "sqla_queue/ddl_singlestore.py": "SingleStore's CREATE TABLE options",
+    "sqla_queue/alembic/ddl.py": "the CREATE statements",
+    "sqla_queue/common/ddl_singlestore.py": "SingleStore's CREATE TABLE options",
     "sqla_queue/alembic/": "the migration operations",
-    "sqla_queue/mixins.py": "the schema",
-    "sqla_queue/types.py": "the schema's column types",
-    "sqla_queue/settings.py": "URLs and drivers, before any adapter exists",
+    "sqla_queue/schema/mixins.py": "the schema",
+    "sqla_queue/common/types.py": "the schema's column types",
+    "sqla_queue/config/settings.py": "URLs and drivers, before any adapter exists",
     "sqla_queue/spark/jdbc.py": "Spark's JDBC URLs and drivers",
 }
 DIALECTS = {"postgresql", "postgres", "mysql", "mariadb", "sqlite", "singlestore", "singlestoredb"}
@@ -276,9 +310,8 @@ def test_the_runner_takes_a_built_app_and_builds_no_part() -> None:
 #: outside ``sqla_queue/adapters/`` (every statement on the queue's tables,
 #: per dialect), where a statement may be built or run, and why
 STATEMENT_PLACES = {
-    "sqla_queue/ddl.py": "DDL rendering: `sqla-queue ddl` prints a new table's rows as an INSERT",
-    "sqla_queue/alembic/": "migrations: their DDL and the configuration rows they write",
-    "sqla_queue/mixins.py": "the schema: server defaults written as SQL text",
+    "sqla_queue/alembic/": "migrations and `sqla-queue ddl`: their DDL, the rows they write",
+    "sqla_queue/schema/mixins.py": "the schema: server defaults written as SQL text",
 }
 #: SQLAlchemy's statement constructors (dialects' ``insert`` too)
 CONSTRUCTORS = {"select", "insert", "update", "delete", "union", "union_all", "text", "exists"}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sqla_queue.dashboard import auth
-from sqla_queue.dashboard.app import allowed_hosts
-from sqla_queue.dashboard.auth import LoginThrottle, SessionStore
-from sqla_queue.exceptions import ConfigurationError
+from sqla_queue.common.exceptions import ConfigurationError
+from sqla_queue.ops.dashboard import auth
+from sqla_queue.ops.dashboard.app import allowed_hosts
+from sqla_queue.ops.dashboard.auth import LoginThrottle, SessionStore
 
 
 class Clock:

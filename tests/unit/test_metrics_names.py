@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sqla_queue.hooks import TASK_FAILED, TASK_SUCCEEDED, Hooks, TaskEvent
-from sqla_queue.metrics import QueueMetrics
-from sqla_queue.records import TaskRecord
-from sqla_queue.types import utcnow
+from sqla_queue.common.types import utcnow
+from sqla_queue.ops.metrics import QueueMetrics
+from sqla_queue.policies.hooks import TASK_FAILED, TASK_SUCCEEDED, Hooks, TaskEvent
+from sqla_queue.schema.records import TaskRecord
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -69,7 +69,7 @@ def test_task_figures_read_as_prometheus_clients_own_would() -> None:
     theirs = CollectorRegistry()
     from prometheus_client import Counter, Histogram
 
-    from sqla_queue.metrics import _SECONDS_BUCKETS
+    from sqla_queue.ops.metrics import _SECONDS_BUCKETS
 
     tasks = Counter("sqla_queue_tasks", "", ["queue", "process", "outcome"], registry=theirs)
     histograms = [
@@ -159,7 +159,7 @@ def test_a_worker_with_processes_labels_only_those_and_the_rest_other() -> None:
 
 
 def test_a_worker_without_processes_labels_the_first_ones_seen_cut_and_escaped() -> None:
-    from sqla_queue.metrics import PROCESS_LABEL_MAX_CHARS
+    from sqla_queue.ops.metrics import PROCESS_LABEL_MAX_CHARS
 
     metrics = QueueMetrics("fila", registry=CollectorRegistry(), most_processes=3)
     long = "a" * 300
@@ -174,7 +174,7 @@ def test_a_worker_without_processes_labels_the_first_ones_seen_cut_and_escaped()
 
 
 def test_a_negative_cap_is_refused() -> None:
-    from sqla_queue.exceptions import ConfigurationError
+    from sqla_queue.common.exceptions import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="most_processes must be 0 or more"):
         QueueMetrics("fila", registry=CollectorRegistry(), most_processes=-1)

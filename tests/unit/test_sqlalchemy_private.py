@@ -60,8 +60,8 @@ from sqla_queue.adapters.sqla_private import (
     register_persistent,
     traversed_clauses,
 )
-from sqla_queue.exceptions import SQLAlchemyChangedError
-from sqla_queue.flush_insert import _is
+from sqla_queue.common.exceptions import SQLAlchemyChangedError
+from sqla_queue.enqueue.flush_insert import _is
 from tests.conftest import ROOT
 
 VERSION = f"SQLAlchemy {sqlalchemy.__version__}"
@@ -168,7 +168,7 @@ def test_echo_on_reads_the_connection_echo(tmp_path: Path) -> None:
 def test_events_flagged_follows_sqlalchemys_listener_flags(tmp_path: Path) -> None:
     """Each ``_has_events`` is False until a listener is on its object. (The
     dialect's is True in any process that imported sqla-queue: its
-    ``handle_error`` listener, sqla_queue/unique.py.)"""
+    ``handle_error`` listener, sqla_queue/enqueue/unique.py.)"""
     for cls in (Connection, Engine, DefaultDialect):
         assert hasattr(cls, "_has_events"), f"{cls.__name__}._has_events is gone in {VERSION}"
 

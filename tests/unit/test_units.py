@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from sqla_queue import ConfigurationError, PayloadError, TaskRecord
-from sqla_queue.mixins import COLUMN_NAMES
-from sqla_queue.payload import decode_payload, hash_payload, serialize_payload
-from sqla_queue.redaction import MASK, fit_message, redact
-from sqla_queue.retry import LinearBackoff
-from sqla_queue.settings import Settings
+from sqla_queue.common.payload import decode_payload, hash_payload, serialize_payload
+from sqla_queue.common.redaction import MASK, fit_message, redact
+from sqla_queue.config.settings import Settings
+from sqla_queue.policies.retry import LinearBackoff
+from sqla_queue.schema.mixins import COLUMN_NAMES
 from sqla_queue.worker.runner import BatchLimit
 from tests.conftest import SEED_COLUMNS, TABLE_COLUMNS
 

@@ -10,10 +10,10 @@ from typing import Sequence, Union
 from alembic import op
 import sqlalchemy as sa
 import sqla_queue.alembic  # noqa: F401 (registers the op.*_queue_* operations)
-import sqla_queue.types  # noqa: F401 (the queue columns' types)
+import sqla_queue.common.types  # noqa: F401 (the queue columns' types)
 <%
     # the renderers add the lines above to imports as well: written once
-    extra = [line for line in (imports or "").splitlines() if not line.startswith(("import sqla_queue.alembic", "import sqla_queue.types"))]
+    extra = [line for line in (imports or "").splitlines() if not line.startswith(("import sqla_queue.alembic", "import sqla_queue.common.types"))]
 %>
 ${"\n".join(extra)}
 

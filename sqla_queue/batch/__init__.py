@@ -1,0 +1,1 @@
+"""One lane's batch: the manager and the lane's transaction."""

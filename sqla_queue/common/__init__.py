@@ -1,0 +1,1 @@
+"""The leaves: errors, identifiers, column types, payloads, redaction, stamps, logging."""

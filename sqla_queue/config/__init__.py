@@ -1,0 +1,1 @@
+"""The settings: the catalogue, the environment, resolution, ranges."""

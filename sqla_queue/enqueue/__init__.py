@@ -1,0 +1,1 @@
+"""What runs when a task is added: the flush hook, unique keys, routing."""

@@ -1,0 +1,1 @@
+"""The operator's side: status, counts, metrics, tracing, the dashboard."""

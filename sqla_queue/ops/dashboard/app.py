@@ -1,0 +1,583 @@
+"""The web dashboard: Starlette (small, well kept, the ASGI toolkit FastAPI
+is built on) served by uvicorn, pages from Jinja2 with autoescape on.
+
+Every page and API call needs a login with the configured credential
+(``SQLA_QUEUE_DASHBOARD_PASSWORD``, user ``admin`` or
+``SQLA_QUEUE_DASHBOARD_USER``): a page sends a visitor who has not logged in
+to ``/login``, an API call answers 401. In read-only mode
+(``DashboardConfig.read_only``, ``--read-only``) reads need no login and
+every write is refused with 403; without a password and without read-only
+mode :func:`create_app` refuses to build the app. Sessions are kept on the
+server (:mod:`.auth`): the cookie holds a random id only, is HttpOnly,
+SameSite=Strict, and Secure under TLS or behind a TLS proxy; a logout
+deletes the session; failed logins are throttled. Each write carries the
+session's CSRF token (a form field, or the ``X-CSRF-Token`` header). A
+request whose ``Host`` header is not on the allow-list gets 400 (DNS
+rebinding). Every response says ``Content-Security-Policy: default-src
+'none'`` plus this app's own script and stylesheet; task text is escaped
+(markup as text, control and bidi characters as ``\\x1b``, ``\\u202e``);
+webhook URLs are shown as ``sqla-queue status`` shows them (path and query
+masked).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+from jinja2 import DictLoader, Environment, select_autoescape
+from markupsafe import Markup
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ...adapters import adapter_of
+from ...client.pause import pause, resume
+from ...client.queue import QueueClient, resolve_table
+from ...common.exceptions import ConfigurationError, SqlaQueueError, TaskNotFoundError
+from ...common.redaction import escape_controls
+from ...config.ranges import TASK_ID
+from ...webhooks.guard import show_url
+from ..status import (
+    STATES,
+    dead_letter,
+    describe_age,
+    queue_status,
+    recent_copies,
+    task_timeline,
+)
+from .assets import CSS, JS, TEMPLATES
+from .auth import DashboardSession, LoginThrottle, SessionStore
+
+__all__ = ["COOKIE", "LOCAL_HOSTS", "DashboardConfig", "allowed_hosts", "create_app"]
+
+#: the session cookie's name
+COOKIE = "sqla_queue_dashboard"
+#: the Host header names always accepted (with any port)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+_SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+]
+_NOTICES = {
+    "requeue": "Requeued: the task runs again as a new chain.",
+    "cancel": "Cancelled.",
+    "retry-now": "Its next attempt is ready now.",
+    "pause": "Paused: no worker claims its tasks (within 2 s).",
+    "resume": "Resumed.",
+    "logged-in": "Logged in.",
+    "logged-out": "Logged out.",
+}
+_READ_ONLY = (
+    "this dashboard is read-only (--read-only, SQLA_QUEUE_DASHBOARD_READ_ONLY): "
+    "requeue, cancel, retry and pause are refused"
+)
+_NO_PASSWORD = (
+    "the dashboard needs SQLA_QUEUE_DASHBOARD_PASSWORD (every page then needs a login), "
+    "or --read-only (SQLA_QUEUE_DASHBOARD_READ_ONLY=true: no login, no writes)"
+)
+_BAD_CSRF = "CSRF token missing or wrong (reload the page)"
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """What the dashboard shows, and to whom.
+
+    ``password``: the credential (user ``user``) every page, API call and
+    write needs. ``read_only``: reads need no login and every write is
+    refused; without it ``password`` is required. ``allowed_hosts``: the
+    ``Host`` header names accepted besides :data:`LOCAL_HOSTS`, with any
+    port (``*.example.com`` for its subdomains, ``*`` for any). ``behind_tls_proxy``:
+    the session cookie is Secure on plain HTTP too (a proxy in front speaks
+    TLS); it is Secure anyway when the request came over HTTPS.
+    ``secret_key``: obsolete, accepted and ignored (sessions are kept on
+    the server; nothing is signed)."""
+
+    user: str = "admin"
+    password: str | None = None
+    secret_key: str | None = None
+    root: str = ""
+    window_seconds: float = 300.0
+    read_only: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    behind_tls_proxy: bool = False
+
+    def check(self) -> None:
+        """Raises ConfigurationError without a password unless read-only,
+        and for a bad allowed host."""
+        if not self.password and not self.read_only:
+            raise ConfigurationError(_NO_PASSWORD)
+        allowed_hosts(self.allowed_hosts)
+
+
+def create_app(
+    engine: Engine,
+    model: Any,
+    *,
+    subscriber_model: Any = None,
+    config: DashboardConfig | None = None,
+    periodic: Sequence[Any] = (),
+    clock: Callable[[], float] = time.monotonic,
+) -> Starlette:
+    """The dashboard of ``model``'s queue table on ``engine``. ``clock``
+    (seconds) times sessions and login lockouts. Raises ConfigurationError
+    as :meth:`DashboardConfig.check` does."""
+    config = config or DashboardConfig()
+    config.check()
+    hosts = allowed_hosts(config.allowed_hosts)
+    table = resolve_table(model)
+    # the model, when given one: it names its configuration table
+    queue: Any = model if isinstance(model, type) else table
+    env = Environment(
+        loader=DictLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True),
+        finalize=_visible,
+    )
+    env.globals.update(
+        when=lambda at: "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S"),
+        age=describe_age,
+        mb=lambda n: f"{n / 1048576:.1f} MB",
+        states=STATES,
+    )
+    sessions = SessionStore(clock)
+    throttle = LoginThrottle(clock)
+
+    def logged_in(request: Request) -> DashboardSession | None:
+        session = sessions.get(request.cookies.get(COOKIE))
+        return session if session is not None and session.user is not None else None
+
+    def page(request: Request, name: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+        session: DashboardSession | None = getattr(request.state, "session", None)
+        user = session.user if session is not None else None
+        html = env.get_template(name).render(
+            queue=table.name,
+            root=config.root,
+            user=user,
+            csrf=session.csrf if session is not None else "",
+            read_only=config.read_only,
+            can_write=not config.read_only and user is not None,
+            notice=_NOTICES.get(request.query_params.get("done", "")),
+            **values,
+        )
+        return HTMLResponse(html, status_code=status_code)
+
+    def reader(
+        handler: Callable[[Request], Response], *, api: bool = False
+    ) -> Callable[[Request], Response]:
+        """``handler`` behind the login (unless read-only)."""
+
+        def guarded(request: Request) -> Response:
+            session = logged_in(request)
+            if session is None and not config.read_only:
+                if api:
+                    return JSONResponse({"error": "log in first"}, status_code=401)
+                return RedirectResponse(f"{config.root}/login", status_code=303)
+            request.state.session = session
+            return handler(request)
+
+        return guarded
+
+    def set_cookie(request: Request, response: Response, session: DashboardSession) -> None:
+        response.set_cookie(
+            COOKIE,
+            session.id,
+            max_age=int(session.expires - session.created),
+            path="/",
+            secure=_secure(request, config),
+            httponly=True,
+            samesite="strict",
+        )
+
+    def overview(request: Request) -> Response:
+        status = queue_status(
+            engine, queue, window_seconds=config.window_seconds, periodic=periodic
+        )
+        data = status.as_json()
+        oldest = status.oldest_ready_seconds
+        return page(
+            request,
+            "overview.html",
+            # the counts as dicts: the template indexes them by state name
+            status=_StatusView(status, data),
+            oldest="none" if oldest is None else describe_age(oldest),
+            window=describe_age(config.window_seconds),
+        )
+
+    def task(request: Request) -> Response:
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return page(request, "error.html", 404, error=_no_task(request))
+        try:
+            timeline = task_timeline(engine, table, task_id)
+        except TaskNotFoundError as exc:
+            return page(request, "error.html", 404, error=str(exc))
+        return page(request, "task.html", timeline=timeline, actions=_actions_for(timeline))
+
+    def dead(request: Request) -> Response:
+        return page(request, "dead.html", dead=dead_letter(engine, table, limit=100))
+
+    def subscriptions(request: Request) -> Response:
+        rows: list[dict[str, Any]] | None = None
+        if subscriber_model is not None:
+            adapter = adapter_of(engine.dialect, table)
+            # never the headers or the signing secret; the URL's path and
+            # query (which may hold keys) masked
+            columns = ("id", "processo", "ativo", "url")
+            with engine.connect() as conn:
+                found = adapter.subscription_list_all(
+                    conn, table=subscriber_model.__table__, columns=columns
+                )
+            rows = [
+                {
+                    "id": r["id"],
+                    "process": r["processo"],
+                    "active": r["ativo"],
+                    "url": show_url(r["url"]) if r["url"] else None,
+                }
+                for r in found
+            ]
+        return page(
+            request,
+            "subscriptions.html",
+            subscriptions=rows,
+            copies=recent_copies(engine, table, limit=50),
+        )
+
+    def api_status(request: Request) -> Response:
+        status = queue_status(
+            engine, queue, window_seconds=config.window_seconds, periodic=periodic
+        )
+        return JSONResponse(status.as_json())
+
+    def api_task(request: Request) -> Response:
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return JSONResponse({"error": _no_task(request)}, status_code=404)
+        try:
+            timeline = task_timeline(engine, table, task_id)
+        except TaskNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return JSONResponse(timeline.as_json())
+
+    async def refuse_write(request: Request) -> Response | None:
+        """Why a write is refused (read-only, no login, a bad CSRF token), or None."""
+        if config.read_only:
+            return _answer(request, 403, _READ_ONLY)
+        session = logged_in(request)
+        if session is None:
+            return _answer(request, 401, "log in to act on tasks")
+        given = request.headers.get("x-csrf-token")
+        if given is None:
+            form = await request.form()
+            given = form.get("csrf")  # type: ignore[assignment]
+        if not _same(given, session.csrf):
+            return _answer(request, 403, _BAD_CSRF)
+        return None
+
+    async def act(request: Request) -> Response:
+        refused = await refuse_write(request)
+        if refused is not None:
+            return refused
+        action = request.path_params["action"]
+        if action not in ("requeue", "cancel", "retry-now"):
+            return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
+        task_id = _task_id(request.path_params["task_id"])
+        if task_id is None:
+            return _answer(request, 404, _no_task(request))
+        try:
+            with engine.connect() as conn, conn.begin():
+                client = QueueClient(conn, table)
+                if action == "requeue":
+                    done = client.requeue_dead([task_id])
+                    if not done:
+                        raise _Conflict(
+                            f"task {task_id} is not a dead task, or it was requeued already"
+                        )
+                    shown = done[0].new_id
+                elif action == "cancel":
+                    client.cancel(task_id)
+                    shown = task_id
+                else:
+                    client.retry_now(task_id)
+                    shown = task_id
+        except TaskNotFoundError as exc:
+            return _answer(request, 404, str(exc))
+        except (_Conflict, SqlaQueueError) as exc:
+            return _answer(request, 409, str(exc))
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "action": action, "task": shown})
+        return RedirectResponse(f"{config.root}/tasks/{shown}?done={action}", status_code=303)
+
+    async def pausing(request: Request) -> Response:
+        refused = await refuse_write(request)
+        if refused is not None:
+            return refused
+        action = request.path_params["action"]
+        if action not in ("pause", "resume"):
+            return _answer(request, 404, "no such action (pause, resume)")
+        form = await request.form()
+        process = form.get("process")
+        if not isinstance(process, str) or not process:
+            return _answer(request, 400, "give the process to pause or resume")
+        try:
+            with engine.connect() as conn, conn.begin():
+                change = pause if action == "pause" else resume
+                paused = change(conn, queue, [process])
+        except SqlaQueueError as exc:
+            return _answer(request, 400, str(exc))
+        if _wants_json(request):
+            return JSONResponse({"ok": True, "paused": sorted(paused)})
+        return RedirectResponse(f"{config.root}/?done={action}", status_code=303)
+
+    def login_page(request: Request) -> Response:
+        if config.read_only:
+            return page(request, "error.html", 403, error=_READ_ONLY)
+        session = sessions.get(request.cookies.get(COOKIE))
+        fresh = session is None
+        if session is None:
+            # anonymous: it carries the login form's CSRF token only
+            session = sessions.start(None)
+        request.state.session = session
+        response = page(request, "login.html", error=None)
+        if fresh:
+            set_cookie(request, response, session)
+        return response
+
+    async def login(request: Request) -> Response:
+        if config.read_only:
+            return page(request, "error.html", 403, error=_READ_ONLY)
+        form = await request.form()
+        before = request.cookies.get(COOKIE)
+        session = sessions.get(before)
+        request.state.session = session
+        if session is None or not _same(form.get("csrf"), session.csrf):
+            return page(request, "error.html", 403, error=_BAD_CSRF)
+        assert config.password is not None
+        user, password = str(form.get("username", "")), str(form.get("password", ""))
+        good_user = hmac.compare_digest(user.encode(), config.user.encode())
+        good_password = hmac.compare_digest(password.encode(), config.password.encode())
+        verdict = throttle.attempt(_client(request), good_user and good_password)
+        if verdict.throttled:
+            wait = math.ceil(verdict.retry_after_seconds)
+            refused = page(
+                request,
+                "login.html",
+                429,
+                error=f"too many failed logins: try again in {wait} s",
+            )
+            refused.headers["Retry-After"] = str(wait)
+            return refused
+        if not verdict.ok:
+            return page(request, "login.html", 401, error="wrong user or password")
+        sessions.end(before)
+        response = RedirectResponse(f"{config.root}/?done=logged-in", status_code=303)
+        set_cookie(request, response, sessions.start(config.user))
+        return response
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        before = request.cookies.get(COOKIE)
+        session = sessions.get(before)
+        request.state.session = session
+        if session is None or not _same(form.get("csrf"), session.csrf):
+            return page(request, "error.html", 403, error=_BAD_CSRF)
+        sessions.end(before)
+        response = RedirectResponse(f"{config.root}/login?done=logged-out", status_code=303)
+        response.delete_cookie(
+            COOKIE, path="/", secure=_secure(request, config), httponly=True, samesite="strict"
+        )
+        return response
+
+    def css(request: Request) -> Response:
+        return Response(CSS, media_type="text/css")
+
+    def js(request: Request) -> Response:
+        return Response(JS, media_type="text/javascript")
+
+    routes = [
+        Route("/", reader(overview)),
+        Route("/tasks/{task_id}", reader(task)),
+        Route("/dead", reader(dead)),
+        Route("/subscriptions", reader(subscriptions)),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/api/status", reader(api_status, api=True)),
+        Route("/api/tasks/{task_id}", reader(api_task, api=True)),
+        Route("/api/tasks/{task_id}/{action}", act, methods=["POST"]),
+        Route("/api/processes/{action}", pausing, methods=["POST"]),
+        Route("/static/app.css", css),
+        Route("/static/app.js", js),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(_SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False),
+        ],
+    )
+
+
+def allowed_hosts(extra: Iterable[str]) -> list[str]:
+    """:data:`LOCAL_HOSTS` and the ``extra`` names, as the ``Host`` check
+    compares them (lower case, no port, IPv6 in brackets). A bad name is a
+    ConfigurationError."""
+    hosts = list(LOCAL_HOSTS)
+    for text in extra:
+        host = _host_name(text)
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def _host_name(text: str) -> str:
+    value = text.strip().lower()
+    bad = ConfigurationError(
+        f"allowed host {text!r} is not a host name: give a name (dash.example.com), "
+        "*.example.com, an IP address or *"
+    )
+    if not value or any(c.isspace() or c in "/@?#\\," for c in value):
+        raise bad
+    if value.startswith("["):  # [::1] or [::1]:8780
+        inside, closed, port = value[1:].partition("]")
+        if not closed or (port and not re.fullmatch(r":\d{1,5}", port)):
+            raise bad
+        value = inside
+    elif "[" in value or "]" in value:
+        raise bad
+    elif value.count(":") == 1:  # name:port
+        value, _, port = value.partition(":")
+        if not port.isdigit():
+            raise bad
+    if ":" in value:
+        try:
+            return f"[{ipaddress.IPv6Address(value)}]"
+        except ValueError:
+            raise bad from None
+    if value != "*" and ("*" in value[1:] or (value.startswith("*") and value[:2] != "*.")):
+        raise bad
+    return value
+
+
+def _secure(request: Request, config: DashboardConfig) -> bool:
+    return config.behind_tls_proxy or request.url.scheme == "https"
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+def _task_id(text: str) -> int | None:
+    """The task id in a path; None for one no task can have (beyond BIGINT,
+    0, not a number): those answer 404 without a query, on every database."""
+    if not text.isascii() or not text.isdigit() or len(text) > 25:
+        return None
+    task_id = int(text)
+    return task_id if TASK_ID.contains(task_id) else None
+
+
+def _no_task(request: Request) -> str:
+    text = str(request.path_params["task_id"])
+    shown = text if len(text) <= 40 else text[:40] + "…"
+    return f"no task {shown}: a task id is {TASK_ID.describe()}"
+
+
+def _same(given: Any, expected: str) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _visible(value: Any) -> Any:
+    """Text with its control and bidi characters as visible escapes
+    (``\\x1b``, ``\\u202e``; newlines kept): the finalize step of every
+    ``{{ }}`` of the pages."""
+    if not isinstance(value, str) or isinstance(value, Markup) or value.isprintable():
+        return value
+    return escape_controls(value, multiline=True)
+
+
+class _Conflict(Exception):
+    pass
+
+
+class _StatusView:
+    """QueueStatus for the templates: the counts as dicts by state."""
+
+    def __init__(self, status: Any, data: dict[str, Any]) -> None:
+        self.processes = data["processes"]
+        self.totals = data["totals"]
+        self.throughput = status.throughput
+        self.running = status.running
+        self.failures = status.failures
+        self.health = status.health
+        self.paused = status.paused
+
+
+def _actions_for(timeline: Any) -> list[tuple[str, str]]:
+    actions: list[tuple[str, str]] = []
+    if timeline.state in ("ready", "scheduled", "retrying"):
+        actions.append(("cancel", "Cancel"))
+    own = timeline.of_kind("attempt")
+    if own and own[-1].status == "agendada":
+        actions.append(("retry-now", "Retry now"))
+    dead_runs = timeline.of_kind("dead_letter")
+    if dead_runs and not timeline.of_kind("requeued"):
+        actions.append(("requeue", "Requeue"))
+    return actions
+
+
+def _wants_json(request: Request) -> bool:
+    return "x-csrf-token" in request.headers or "application/json" in request.headers.get(
+        "accept", ""
+    )
+
+
+def _answer(request: Request, code: int, message: str) -> Response:
+    if _wants_json(request):
+        return JSONResponse({"error": message}, status_code=code)
+    # the text is escaped: it may name a task or a process, never markup
+    shown = escape(_visible(message))
+    return HTMLResponse(f'<p class="warn" id="error">{shown}</p>', status_code=code)
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class _SecurityHeaders:
+    """Adds the security headers to every HTTP response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], *_SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

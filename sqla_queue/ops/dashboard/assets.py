@@ -1,0 +1,303 @@
+# ruff: noqa: E501  (HTML, CSS and JavaScript, kept one element a line)
+"""The dashboard's pages (Jinja2, autoescaped), its stylesheet and its
+script. Inline in Python so the package needs no data files; served from
+the app's own routes, so the Content-Security-Policy allows no inline
+script or style at all."""
+
+from __future__ import annotations
+
+TEMPLATES = {
+    "base.html": """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{% block title %}sqla-queue{% endblock %} · {{ queue }}</title>
+<link rel="stylesheet" href="{{ root }}/static/app.css">
+</head>
+<body>
+<header>
+  <a class="brand" href="{{ root }}/">sqla-queue</a>
+  <span class="queue">{{ queue }}</span>
+  <nav>
+    <a href="{{ root }}/">Overview</a>
+    <a href="{{ root }}/dead">Dead letter</a>
+    <a href="{{ root }}/subscriptions">Subscriptions</a>
+  </nav>
+  <span class="who">
+  {% if read_only %}
+    <span class="ro" id="read-only">read-only: requeue, cancel, retry and pause are off</span>
+  {% elif user %}
+    {{ user }} <form method="post" action="{{ root }}/logout" class="inline">
+      <input type="hidden" name="csrf" value="{{ csrf }}"><button id="logout">Log out</button></form>
+  {% else %}
+    <a href="{{ root }}/login" id="login-link">Log in</a>
+  {% endif %}
+  </span>
+</header>
+{% if notice %}<p class="notice" id="notice">{{ notice }}</p>{% endif %}
+<main>{% block main %}{% endblock %}</main>
+<script src="{{ root }}/static/app.js"></script>
+</body>
+</html>
+""",
+    "overview.html": """{% extends "base.html" %}
+{% block main %}
+<section>
+<h2>Tasks by process</h2>
+<table id="counts">
+<thead><tr><th>process</th>{% for s in states %}<th>{{ s }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for name, counts in status.processes.items() %}
+<tr><td>{{ name or "(none)" }}{% if name in status.paused %} <span class="paused">paused</span>{% endif %}</td>{% for s in states %}<td class="n">{{ counts[s] }}</td>{% endfor %}</tr>
+{% endfor %}
+<tr class="total"><td>total</td>{% for s in states %}<td class="n">{{ status.totals[s] }}</td>{% endfor %}</tr>
+</tbody>
+</table>
+<div class="actions" id="pausing">
+{% for name in status.processes.keys() %}{% if name %}
+<form method="post" action="{{ root }}/api/processes/{{ 'resume' if name in status.paused else 'pause' }}" class="inline">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="process" value="{{ name }}">
+<button class="{{ 'resume' if name in status.paused else 'pause' }}" data-process="{{ name }}" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>{{ 'Resume' if name in status.paused else 'Pause' }} {{ name }}</button>
+</form>
+{% endif %}{% endfor %}
+</div>
+<p id="summary">oldest ready task: {{ oldest }} · last {{ window }}:
+{{ status.throughput.finished }} attempts finished, {{ status.throughput.failed }} failed</p>
+</section>
+<section>
+<h2>Throughput and failures</h2>
+<svg id="chart" width="720" height="160" viewBox="0 0 720 160" role="img" aria-label="attempts per minute"></svg>
+<p class="legend"><span class="ok">finished per minute</span> <span class="bad">failed per minute</span> (every 3 s)</p>
+</section>
+<section>
+<h2>Running</h2>
+{% if status.running %}
+<table id="running">
+<thead><tr><th>task</th><th>process</th><th>attempt</th><th>worker</th><th>running for</th><th>lease until</th></tr></thead>
+<tbody>
+{% for t in status.running %}
+<tr><td><a href="{{ root }}/tasks/{{ t.id }}">{{ t.id }}</a></td><td>{{ t.process }}</td><td>{{ t.attempt }}</td>
+<td>{{ t.worker_id or "-" }}</td><td>{{ age(t.running_seconds) }}</td><td>{{ when(t.lease_expires_at) }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p>Nothing is running.</p>{% endif %}
+</section>
+<section>
+<h2>Newest failures</h2>
+{% if status.failures %}
+<table id="failures">
+<thead><tr><th>task</th><th>chain</th><th>process</th><th>attempt</th><th>finished</th><th>message</th></tr></thead>
+<tbody>
+{% for f in status.failures %}
+<tr><td><a href="{{ root }}/tasks/{{ f.id }}">{{ f.id }}</a></td><td>{{ f.chain_id }}</td><td>{{ f.process }}</td>
+<td>{{ f.attempt }}</td><td>{{ when(f.finished_at) }}</td><td class="msg">{{ f.message or "" }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p>No failure among the newest attempts.</p>{% endif %}
+</section>
+{% if status.health %}
+<section id="health">
+<h2>Table</h2>
+<p>{{ mb(status.health.table.table_bytes) }} + indexes {{ mb(status.health.table.index_bytes) }},
+{{ status.health.table.dead_tuples }} dead row versions, {{ status.health.table.live_tuples }} live</p>
+{% if status.health.warning %}<p class="warn">{{ status.health.warning }}</p>{% endif %}
+</section>
+{% endif %}
+{% endblock %}
+""",
+    "task.html": """{% extends "base.html" %}
+{% block title %}task {{ timeline.task_id }}{% endblock %}
+{% block main %}
+<h2>Task {{ timeline.task_id }}: chain {{ timeline.chain_id }} ({{ timeline.process }}), <span id="state">{{ timeline.state }}</span></h2>
+<div class="actions">
+{% for action, label in actions %}
+<form method="post" action="{{ root }}/api/tasks/{{ timeline.task_id }}/{{ action }}" class="inline">
+<input type="hidden" name="csrf" value="{{ csrf }}">
+<button id="{{ action }}" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>{{ label }}</button>
+</form>
+{% endfor %}
+</div>
+<table id="timeline">
+<thead><tr><th>kind</th><th>id</th><th>attempt</th><th>status</th><th>run at</th><th>started</th><th>finished</th><th>worker</th><th>message</th></tr></thead>
+<tbody>
+{% for r in timeline.rows %}
+<tr class="{{ r.kind }}"><td>{{ r.kind }}{% if r.subscriber_id %} ({{ r.subscriber_id }}){% endif %}</td>
+<td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.attempt }}</td><td>{{ r.status }}</td>
+<td>{{ when(r.run_at) }}</td><td>{{ when(r.started_at) }}</td><td>{{ when(r.finished_at) }}</td>
+<td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}{% if r.traceback %}
+<details class="traceback"><summary>traceback</summary><pre>{{ r.traceback }}</pre></details>{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endblock %}
+""",
+    "dead.html": """{% extends "base.html" %}
+{% block title %}dead letter{% endblock %}
+{% block main %}
+<h2>Dead letter</h2>
+{% if dead %}
+<table id="dead">
+<thead><tr><th>task</th><th>dead-letter run</th><th>process</th><th>went dead</th><th>status</th><th>message</th><th></th></tr></thead>
+<tbody>
+{% for d in dead %}
+<tr><td><a href="{{ root }}/tasks/{{ d.task_id }}">{{ d.task_id }}</a></td><td>{{ d.dead_id }}</td><td>{{ d.process }}</td>
+<td>{{ when(d.went_dead_at) }}</td><td>{{ d.status }}</td><td class="msg">{{ d.message or "" }}</td>
+<td>{% if d.requeued_as %}requeued as <a href="{{ root }}/tasks/{{ d.requeued_as }}">{{ d.requeued_as }}</a>
+{% else %}<form method="post" action="{{ root }}/api/tasks/{{ d.dead_id }}/requeue" class="inline">
+<input type="hidden" name="csrf" value="{{ csrf }}">
+<button class="requeue" data-task="{{ d.task_id }}" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>Requeue</button></form>{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p>The dead letter is empty.</p>{% endif %}
+{% endblock %}
+""",
+    "subscriptions.html": """{% extends "base.html" %}
+{% block title %}subscriptions{% endblock %}
+{% block main %}
+<h2>Subscriptions</h2>
+{% if subscriptions is none %}<p>This worker has no subscriber table.</p>
+{% elif subscriptions %}
+<table id="subscriptions">
+<thead><tr><th>id</th><th>process</th><th>active</th><th>webhook</th></tr></thead>
+<tbody>
+{% for s in subscriptions %}
+<tr><td>{{ s.id }}</td><td>{{ s.process }}</td><td>{{ s.active }}</td><td>{{ s.url or "-" }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p>No subscription.</p>{% endif %}
+<h2>Last deliveries</h2>
+{% if copies %}
+<table id="deliveries">
+<thead><tr><th>copy</th><th>subscription</th><th>publication</th><th>attempt</th><th>status</th><th>finished</th><th>message</th></tr></thead>
+<tbody>
+{% for c in copies %}
+<tr><td><a href="{{ root }}/tasks/{{ c.id }}">{{ c.id }}</a></td><td>{{ c.subscriber_id }}</td><td>{{ c.chain_id }}</td>
+<td>{{ c.attempt }}</td><td>{{ c.status }}</td><td>{{ when(c.finished_at) }}</td><td class="msg">{{ c.message or "" }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p>No copy among the newest attempts.</p>{% endif %}
+{% endblock %}
+""",
+    "login.html": """{% extends "base.html" %}
+{% block title %}log in{% endblock %}
+{% block main %}
+<h2>Log in</h2>
+{% if error %}<p class="warn" id="login-error">{{ error }}</p>{% endif %}
+<form method="post" action="{{ root }}/login" id="login-form">
+<input type="hidden" name="csrf" value="{{ csrf }}">
+<label>User <input name="username" id="username" autocomplete="username"></label>
+<label>Password <input name="password" id="password" type="password" autocomplete="current-password"></label>
+<button id="submit">Log in</button>
+</form>
+{% endblock %}
+""",
+    "error.html": """{% extends "base.html" %}
+{% block main %}<p class="warn" id="error">{{ error }}</p>{% endblock %}
+""",
+}
+
+CSS = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 0; color: #1d2330; background: #f7f8fa; }
+header { display: flex; gap: 1.5em; align-items: center; padding: .6em 1.2em; background: #1d2330; color: #fff; }
+header a { color: #cfe0ff; text-decoration: none; }
+header .brand { font-weight: 700; color: #fff; }
+header nav { display: flex; gap: 1em; }
+header .who { margin-left: auto; }
+.ro { color: #ffd27a; }
+main { padding: 1em 1.2em; }
+section { margin-bottom: 1.5em; }
+table { border-collapse: collapse; background: #fff; }
+th, td { border: 1px solid #dde1e8; padding: .25em .6em; text-align: left; vertical-align: top; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+tr.total td { font-weight: 700; }
+td.msg { max-width: 48em; white-space: pre-wrap; word-break: break-word; }
+.warn { color: #a4161a; font-weight: 600; }
+.paused { color: #975a16; font-weight: 600; }
+.notice { background: #e3f6e8; padding: .5em 1.2em; margin: 0; }
+form.inline { display: inline; }
+.actions { margin: .5em 0 1em; }
+#chart { background: #fff; border: 1px solid #dde1e8; }
+#chart .ok { stroke: #2b6cb0; fill: none; stroke-width: 2; }
+#chart .bad { stroke: #c53030; fill: none; stroke-width: 2; }
+.legend .ok { color: #2b6cb0; } .legend .bad { color: #c53030; }
+label { display: block; margin: .5em 0; }
+details.traceback pre { white-space: pre-wrap; font-size: 12px; background: #f0f2f5; padding: .5em; }
+"""
+
+# Draws the throughput chart from /api/status every 3 s; builds elements
+# with textContent and attributes only (never innerHTML).
+JS = """
+(function () {
+  var chart = document.getElementById("chart");
+  if (!chart) { return; }
+  var root = document.querySelector("link[rel=stylesheet]").getAttribute("href").replace(/\\/static\\/app\\.css$/, "");
+  var ns = "http://www.w3.org/2000/svg", finished = [], failed = [], MAX = 60;
+  // control and bidi characters as visible escapes, as the pages show them
+  // (sqla_queue.common.redaction.escape_controls)
+  var HIDDEN = /[\\p{Cc}\\p{Cf}\\p{Cs}\\p{Zl}\\p{Zp}]/gu;
+  function visible(text) {
+    return String(text).replace(HIDDEN, function (c) {
+      if (c === "\\n" || c === "\\u200c" || c === "\\u200d") { return c; }
+      var n = c.codePointAt(0), hex = n.toString(16);
+      if (n < 0x100) { return "\\\\x" + ("0" + hex).slice(-2); }
+      if (n < 0x10000) { return "\\\\u" + ("000" + hex).slice(-4); }
+      return "\\\\U" + ("0000000" + hex).slice(-8);
+    });
+  }
+  function line(values, cls, top) {
+    var points = values.map(function (v, i) {
+      var x = 10 + i * (700 / (MAX - 1)), y = 150 - (top ? v / top * 140 : 0);
+      return x.toFixed(1) + "," + y.toFixed(1);
+    }).join(" ");
+    var p = document.createElementNS(ns, "polyline");
+    p.setAttribute("class", cls);
+    p.setAttribute("points", points);
+    return p;
+  }
+  function draw() {
+    while (chart.firstChild) { chart.removeChild(chart.firstChild); }
+    var top = Math.max.apply(null, finished.concat(failed, [1]));
+    chart.appendChild(line(finished, "ok", top));
+    chart.appendChild(line(failed, "bad", top));
+    var label = document.createElementNS(ns, "text");
+    label.setAttribute("x", "12"); label.setAttribute("y", "16");
+    label.textContent = "max " + top.toFixed(1) + "/min";
+    chart.appendChild(label);
+  }
+  function update(status) {
+    var t = status.throughput, minutes = t.window_seconds / 60;
+    finished.push(t.finished / minutes); failed.push(t.failed / minutes);
+    if (finished.length > MAX) { finished.shift(); failed.shift(); }
+    draw();
+    var body = document.querySelector("#counts tbody");
+    var states = ["ready", "scheduled", "running", "retrying", "succeeded", "failed", "dead_letter"];
+    if (!body) { return; }
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    function row(name, counts, cls) {
+      var tr = document.createElement("tr");
+      if (cls) { tr.className = cls; }
+      var td = document.createElement("td"); td.textContent = visible(name); tr.appendChild(td);
+      states.forEach(function (s) {
+        var n = document.createElement("td"); n.className = "n"; n.textContent = String(counts[s]); tr.appendChild(n);
+      });
+      body.appendChild(tr);
+    }
+    Object.keys(status.processes).forEach(function (name) { row(name || "(none)", status.processes[name]); });
+    row("total", status.totals, "total");
+  }
+  function poll() {
+    fetch(root + "/api/status", {credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (s) { if (s) { update(s); } })
+      .catch(function () {});
+  }
+  poll();
+  setInterval(poll, 3000);
+})();
+"""

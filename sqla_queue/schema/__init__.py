@@ -1,0 +1,1 @@
+"""The table contract: the mixins, records, rows, and the tables beside the queue's."""
