@@ -143,7 +143,10 @@ def run_until_empty(
 ) -> Outcome:
     """Run every ready task ``worker_class`` handles (its ``processes``,
     its subscriptions), one after another, in ``session``'s transaction,
-    until none is ready, retries due now and dead-letter runs included."""
+    until none is ready, retries due now and dead-letter runs included.
+    Tasks added to ``session`` and not yet flushed are flushed first: they
+    are the test's, as a worker would see them after its commit."""
+    session.flush()
     here = _Here(worker_class, session)
     outcome = Outcome()
     app = here.app

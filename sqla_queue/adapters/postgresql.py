@@ -1232,10 +1232,11 @@ class PostgresListener(Listener):
             try:
                 conn = self._connect()
             except Exception as exc:  # the database is away: retry
-                # one line per outage (the worker's own error says the rest);
-                # retries slow down to a few seconds apart while it lasts
-                log = logger.warning if failures == 0 else logger.debug
-                log("LISTEN %s failed: %s", self.channel, describe_error(exc))
+                # the lanes say that the database is away, once each: here one
+                # line per outage, and retries a few seconds apart while it lasts
+                log = logger.info if failures == 0 else logger.debug
+                first_line = describe_error(exc).splitlines()[0]
+                log("LISTEN %s failed: %s; retrying", self.channel, first_line)
                 self._stop.wait(
                     min(RECONNECT_DELAY_SECONDS * 2**failures, LISTEN_RETRY_MAX_SECONDS)
                 )

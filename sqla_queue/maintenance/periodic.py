@@ -123,44 +123,61 @@ def _queue_of(conn: Connection, table: Table, queue: str) -> str | None:
     return queue if has_queue_name(conn, table) else None
 
 
-def _decode(value: str | None) -> dict[str, dt.datetime]:
+#: the key of the stored value that lists the names whose stored occurrence
+#: was only seen (first sight), not enqueued: status shows no last run there
+STARTED_KEY = "#started"  # "#": not a character a name may hold
+
+
+def _decode(value: str | None) -> tuple[dict[str, dt.datetime], set[str]]:
+    """(occurrence dealt with, by name; the names whose occurrence was only
+    seen). A value written before the started list: every name enqueued."""
     try:
         raw = json.loads(value or "{}")
     except ValueError:
-        return {}
+        return {}, set()
+    raw = raw if isinstance(raw, dict) else {}
+    started = raw.pop(STARTED_KEY, [])
     runs = {}
-    for name, text in (raw if isinstance(raw, dict) else {}).items():
+    for name, text in raw.items():
         try:
             runs[str(name)] = dt.datetime.fromisoformat(str(text))
         except ValueError:
             continue
-    return runs
+    if not isinstance(started, list):
+        return runs, set()
+    return runs, {str(name) for name in started if str(name) in runs}
 
 
-def _encode(runs: dict[str, dt.datetime]) -> str:
-    return json.dumps({name: when.isoformat() for name, when in sorted(runs.items())})
+def _encode(runs: dict[str, dt.datetime], started: set[str]) -> str:
+    value: dict[str, Any] = {name: when.isoformat() for name, when in sorted(runs.items())}
+    if started:
+        value[STARTED_KEY] = sorted(started)
+    return json.dumps(value)
 
 
 def last_runs(conn: Connection, adapter: Adapter, table: Table) -> dict[str, dt.datetime]:
-    """The last occurrence enqueued (or skipped at first sight) of each
-    name, of ``adapter``'s queue, kept in configuration table ``table``."""
+    """The last occurrence enqueued of each name, of ``adapter``'s queue,
+    kept in configuration table ``table`` (a name whose occurrences were
+    only seen, at first sight, has none)."""
     if not inspect(conn).has_table(table.name, schema=table.schema):
         return {}
     queue = _queue_of(conn, table, adapter.table.name)
-    return _decode(adapter.settings(table).value(conn, name=PERIODIC_SETTING, queue=queue))
+    runs, started = _decode(adapter.settings(table).value(conn, name=PERIODIC_SETTING, queue=queue))
+    return {name: when for name, when in runs.items() if name not in started}
 
 
 def locked_runs(
     conn: Connection, adapter: Adapter, table: Table
-) -> tuple[dict[str, dt.datetime], str | None]:
-    """The stored occurrences, the row locked until the caller's transaction
-    ends (created empty first if missing); and the row's ``queue_name``."""
+) -> tuple[dict[str, dt.datetime], set[str], str | None]:
+    """The stored occurrences and the names only started (:func:`_decode`),
+    the row locked until the caller's transaction ends (created empty first
+    if missing); and the row's ``queue_name``."""
     queue = _queue_of(conn, table, adapter.table.name)
     rows = adapter.settings(table)
     for _ in range(2):  # a concurrent first run inserts the row: then lock it
         row = rows.value_locked(conn, name=PERIODIC_SETTING, queue=queue)
         if row is not None:
-            return _decode(row[0]), queue
+            return (*_decode(row[0]), queue)
         values = {
             "setting_name": PERIODIC_SETTING,
             "value": "{}",
@@ -180,8 +197,10 @@ def store_runs(
     table: Table,
     queue: str | None,
     runs: dict[str, dt.datetime],
+    started: set[str],
 ) -> None:
-    adapter.settings(table).value_set(conn, name=PERIODIC_SETTING, queue=queue, value=_encode(runs))
+    value = _encode(runs, started)
+    adapter.settings(table).value_set(conn, name=PERIODIC_SETTING, queue=queue, value=value)
 
 
 def next_runs(
@@ -252,7 +271,7 @@ class PeriodicRoutine(Routine):
         with self.adapter.connect_maintenance(self.engine) as conn:
             transaction = conn.begin()
             try:
-                stored, scope = locked_runs(conn, self.adapter, self.markers)
+                stored, started, scope = locked_runs(conn, self.adapter, self.markers)
                 for name, occurrence in due.items():
                     last = stored.get(name)
                     if last is not None and last >= occurrence:
@@ -260,14 +279,16 @@ class PeriodicRoutine(Routine):
                         continue
                     if last is None:
                         first_seen += 1  # starts from now: nothing enqueued
+                        started.add(name)
                     else:
                         self._enqueue(conn, by_name[name], occurrence)
                         enqueued += 1
+                        started.discard(name)
                     stored[name] = occurrence
                 if dry_run:
                     transaction.rollback()
                 else:
-                    store_runs(conn, self.adapter, self.markers, scope, stored)
+                    store_runs(conn, self.adapter, self.markers, scope, stored, started)
                     transaction.commit()
                     for name, occurrence in due.items():
                         self._known[name] = max(occurrence, stored[name])

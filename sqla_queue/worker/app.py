@@ -99,6 +99,7 @@ class QueueApp:
         #: the caller's connection, in its own transaction (sqla_queue.testing):
         #: the parts run there; the engine is neither sized nor set up
         self.connection = connection
+        self.configuration_unread = False
         if connection is not None:
             self.engine = connection.engine
             self.configuration_rows = read_rows(
@@ -107,8 +108,11 @@ class QueueApp:
         else:
             self.engine = engine or self._create_engine(url)
             self._check_pool()
+            rows = read_configuration(self.engine, model)
+            #: the database could not be reached to read queue_configuration
+            self.configuration_unread = isinstance(rows, Exception)
             #: the queue_configuration rows (None: no such table, or not read)
-            self.configuration_rows = read_configuration(self.engine, model)
+            self.configuration_rows = None if isinstance(rows, Exception) else rows
         #: the engine whose connections the lanes claim and work on: the
         #: worker's, or for async handlers the sync face of an async engine
         #: (its statements run only inside the lanes' greenlets)
@@ -475,7 +479,12 @@ class QueueApp:
 
     def check_table(self, *, wait_for_database: bool = False) -> None:
         """Refuse to start on a missing or foreign queue table (operator.check_table)."""
-        check_table(self.engine, self.adapter, wait_for_database=wait_for_database)
+        check_table(
+            self.engine,
+            self.adapter,
+            wait_for_database=wait_for_database,
+            configuration_unread=self.configuration_unread,
+        )
 
     def _routine_ran(self, run: SlotRun) -> None:
         if self.hooks.wanted(ROUTINE_RAN):

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, inspect
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ..adapters import Adapter, ErrorKind, adapter_for
 from ..adapters.configuration import read_rows
@@ -64,14 +64,22 @@ class OperatorContext:
                 )
             engine = make_engine(url)
         self.engine = engine
+        rows = read_configuration(engine, self.model)
+        #: the database could not be reached to read queue_configuration
+        self.configuration_unread = isinstance(rows, Exception)
         #: the queue_configuration rows (None: no such table, or not read)
-        self.configuration_rows = read_configuration(engine, self.model)
+        self.configuration_rows = None if isinstance(rows, Exception) else rows
         self.effective: Effective = resolve(worker_class, self.settings, self.configuration_rows)
         self.adapter = plain_adapter(worker_class, engine, self.settings, self.effective)
 
     def check_table(self, *, wait_for_database: bool = False) -> None:
         """See :func:`check_table`."""
-        check_table(self.engine, self.adapter, wait_for_database=wait_for_database)
+        check_table(
+            self.engine,
+            self.adapter,
+            wait_for_database=wait_for_database,
+            configuration_unread=self.configuration_unread,
+        )
 
     def close(self) -> None:
         if self._owns_engine:
@@ -102,23 +110,34 @@ def plain_adapter(
     return adapter
 
 
-def read_configuration(engine: Engine, model: Any) -> dict[str, TableRow] | None:
-    """The queue's queue_configuration rows, if the table exists. A
-    database that cannot be reached yet is waited for by run(); its
-    table is then not read (the worker says so)."""
+#: what the start-up line about an unreachable database adds when the
+#: configuration table could not be read for it (check_table says it once)
+UNREAD_CONFIGURATION = "queue_configuration not read: the environment and the defaults apply"
+
+
+def read_configuration(engine: Engine, model: Any) -> dict[str, TableRow] | Exception | None:
+    """The queue's queue_configuration rows, if the table exists (None if
+    not). A database that cannot be reached yet is waited for by run(),
+    and its table is then not read: the error is returned, for the one
+    line check_table writes about the unreachable database."""
     table = configuration_table_of(model)
     try:
         with engine.connect() as conn:
             return read_rows(conn, table, queue=model.__table__.name)
+    except OperationalError as exc:  # cannot connect: said once, by check_table
+        return exc
     except DBAPIError as exc:
-        logger.warning(
-            "queue_configuration not read (%s): the environment and the defaults apply",
-            describe(exc),
-        )
+        logger.warning("%s (%s)", UNREAD_CONFIGURATION, describe(exc))
         return None
 
 
-def check_table(engine: Engine, adapter: Adapter, *, wait_for_database: bool = False) -> None:
+def check_table(
+    engine: Engine,
+    adapter: Adapter,
+    *,
+    wait_for_database: bool = False,
+    configuration_unread: bool = False,
+) -> None:
     """Refuse to start on a queue table that does not exist, or that
     lacks sqla-queue's lease columns: every claim would fail, and the
     worker would look alive doing nothing. ``wait_for_database``: a
@@ -141,7 +160,8 @@ def check_table(engine: Engine, adapter: Adapter, *, wait_for_database: bool = F
                 continue
             if not wait_for_database or kind is not ErrorKind.DISCONNECT:
                 raise database_error(engine, exc) from exc
-            logger.warning("cannot reach the database yet (%s); retrying", describe(exc))
+            unread = f"; {UNREAD_CONFIGURATION}" if configuration_unread else ""
+            logger.warning("cannot reach the database yet (%s); retrying%s", describe(exc), unread)
             return
     where = engine.url.render_as_string(hide_password=True)
     if not exists:

@@ -79,6 +79,8 @@ def test_each_occurrence_once_and_missed_ones_collapse_into_the_latest(
     # first sight: both start from their current occurrence, nothing enqueued
     assert routine.run_once().counts == {"enqueued": 0, "started": 2}
     assert _enqueued(engine, app) == []
+    with engine.connect() as conn:  # status: nothing enqueued yet, so no last run
+        assert last_runs(conn, adapter_of(conn.dialect, app.Task.__table__), markers) == {}
     clock.set(_at(10, 5))
     assert routine.run_once().counts["enqueued"] == 1
     clock.set(_at(10, 5) + dt.timedelta(seconds=40))

@@ -79,6 +79,19 @@ def test_run_until_empty_runs_successes_retries_and_the_dead_letter_and_commits_
     assert run_until_empty(Billing, session).succeeded == 0  # nothing left ready
 
 
+def test_run_until_empty_sees_tasks_added_and_not_flushed(
+    engine: Engine, app: App, session: Session
+) -> None:
+    """docs/testing.md's first example as written: session.add, then
+    run_until_empty, no flush between (it saw nothing before)."""
+    session.add(app.Task(process="faturar", payload={"n": 7}))
+
+    outcome = run_until_empty(app.RecordingWorker, session)
+
+    assert (outcome.succeeded, outcome.failed) == (1, 0)
+    assert rows(engine, app.Task) == 0
+
+
 def test_work_one_runs_the_given_task_only(engine: Engine, app: App, session: Session) -> None:
     first, second = (
         app.Task(process="faturar", payload={"n": 1}),
