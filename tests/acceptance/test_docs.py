@@ -119,3 +119,20 @@ def test_the_frameworks_examples_run_as_written(heading: str, printed: str, tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1] == printed
     assert "Warning" not in done.stderr, done.stderr
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    return [
+        (f"{page.relative_to(ROOT)}#{number}", found.group(1))
+        for page in PAGES
+        for number, found in enumerate(
+            re.finditer(r"```python\n(.*?)```", page.read_text(), re.DOTALL), 1
+        )
+    ]
+
+
+@pytest.mark.parametrize(("where", "code"), _python_blocks(), ids=lambda value: str(value)[:40])
+def test_every_python_example_in_the_docs_is_valid_python(where: str, code: str) -> None:
+    """A page's example that does not even parse fails its reader at once;
+    the examples the other tests here run go further."""
+    compile(code, where, "exec")
