@@ -14,7 +14,7 @@ PIP := $(VENV)/bin/pip install -q --disable-pip-version-check
 # JVM (2 workers: 844-917 s quiet; 4: 416 s, docs/configuration.md)
 TEST_WORKERS ?= 4
 
-.PHONY: quickstart test test-sqlalchemy-2.0 fuzz lint bench clean
+.PHONY: quickstart test test-sqlalchemy-2.0 check-package fuzz lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,12 @@ test-sqlalchemy-2.0: $(VENV_SQLALCHEMY_20)/.installed
 	scripts/start-databases.sh
 	$(PY_SQLALCHEMY_20) -c 'import sqlalchemy; print("SQLAlchemy", sqlalchemy.__version__)'
 	$(PY_SQLALCHEMY_20) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(SQLALCHEMY_20_TESTS) $(PYTEST_ARGS)
+
+# the sdist and the wheel as a user gets them: built (python -m build),
+# twine check, the wheel with its extras in a fresh venv running the quick
+# start outside the checkout (scripts/check-package.sh says what else)
+check-package: $(VENV)/.installed-dev
+	scripts/check-package.sh
 
 # the fuzz and flood tests with many more generated inputs than make test runs
 fuzz: $(VENV)/.installed-dev

@@ -17,26 +17,46 @@ table of millions of finished attempts:
   primary key backwards over the newest attempts only;
 - a chain's timeline reads its rows by ``id``, ``id_inicial`` and
   ``live_id`` (each indexed), and its pub/sub copies by ``publication_id``
-  among the rows inserted after it.
+  among the rows inserted after it;
+- the task list (the dashboard's ``/api/tasks``, :meth:`~InspectionQueries.task_page`)
+  reads an open state through that status's index (``ix_processando`` is
+  in id order; ``ix_pendente``, ``ix_pendente_processo`` and
+  ``ix_agendada`` hold the backlog, sorted by id after the read), and any
+  other list (a finished state, or no state) the primary key backwards, in
+  closed ranges of ``TASK_LIST_WINDOW`` ids, at most ``TASK_LIST_BUDGET``
+  ids a call: a page of rare rows (the cancelled, the dead letter) on a
+  table of millions costs that much at most, and may come back short with a
+  cursor to go on from;
+- the workers holding tasks (:meth:`~InspectionQueries.lease_holders`) read
+  ``ix_processando``.
+
+The task states (:data:`TASK_STATES`) are those ``sqla-queue status``
+counts: one predicate each, :meth:`~InspectionQueries.state_filter`, and
+:func:`task_state` says the same of a row read.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Connection,
     Engine,
     Table,
+    and_,
     bindparam,
     case,
     delete,
     false,
     func,
     insert,
+    literal_column,
+    or_,
     select,
     true,
     union_all,
@@ -52,11 +72,18 @@ from ..schema.mixins import (
     status_is,
     status_literal,
 )
+from ..schema.rows import CANCELLED_MESSAGE
 
 if TYPE_CHECKING:
     from .parts import PartOwner
 
-__all__ = ["InspectionQueries"]
+__all__ = [
+    "TASK_STATES",
+    "InspectionQueries",
+    "TaskPage",
+    "cancelled_attempt",
+    "task_state",
+]
 
 #: the newest failures are looked for among this many newest attempts
 FAILURE_LOOKBACK = 100_000
@@ -65,6 +92,69 @@ FAILURE_WINDOW = 10_000
 #: the most rows a timeline reads per step (a chain of 100 attempts, its
 #: dead-letter runs and their retries fit many times over)
 TIMELINE_LIMIT = 5_000
+#: the task states, as ``sqla-queue status`` counts them (ops/status.py
+#: ``STATES``): ``cancelled`` is a waiting task an operator cancelled
+#: (``falha`` with ``CANCELLED_MESSAGE``), which ``failed`` leaves out
+TASK_STATES = (
+    "ready",
+    "scheduled",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "dead_letter",
+)
+#: the states whose rows an index holds apart from the finished history
+_OPEN_STATES = frozenset({"ready", "scheduled", "running", "retrying"})
+#: those whose index is not in id order: their rows are sorted once read
+_SORTED_STATES = frozenset({"ready", "scheduled", "retrying"})
+#: the task list reads the primary key backwards this many ids a statement
+TASK_LIST_WINDOW = 10_000
+#: and at most this many ids a call (a short page then, and a cursor)
+TASK_LIST_BUDGET = 100_000
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of the task list, newest first: ``rows`` and the cursor to
+    read on from (``before``: the next page's ids are below it; None: no
+    more rows)."""
+
+    rows: list[Any]
+    before: int | None
+
+
+def task_state(row: Any) -> str | None:
+    """The state (:data:`TASK_STATES`) :meth:`InspectionQueries.state_filter`
+    gives a row (``status``, ``tentativa``, ``dead``, ``id_inicial``,
+    ``reenfileirado``, ``mensagem``). None for a row in none: an attempt a
+    retry followed (``reenfileirado``), a dead-letter run's retry."""
+    if row.dead:
+        return "dead_letter" if row.id_inicial is None else None
+    status, later = row.status, (row.tentativa or 1) > 1
+    if status == Status.PENDING.value:
+        return "retrying" if later else "ready"
+    if status == Status.SCHEDULED.value:
+        return "retrying" if later else "scheduled"
+    if status == Status.PROCESSING.value:
+        return "running"
+    if row.reenfileirado:
+        return None
+    if status == Status.SUCCEEDED.value:
+        return "succeeded"
+    if status == Status.FAILED.value and row.mensagem == CANCELLED_MESSAGE:
+        return "cancelled"
+    if status in (Status.FAILED.value, Status.FAILED_PROCESSING.value):
+        return "failed"
+    return None
+
+
+def cancelled_attempt(c: Any) -> ColumnElement[bool]:
+    """An attempt the operator cancelled (``sqla-queue cancel``,
+    client/control.py): ``falha`` with ``CANCELLED_MESSAGE``; ``c``: the
+    queue table's columns. The one definition of the ``cancelled`` state."""
+    return and_(status_is(c.status, Status.FAILED), c.mensagem == CANCELLED_MESSAGE)
 
 
 class InspectionQueries:
@@ -95,6 +185,7 @@ class InspectionQueries:
         requeued = case((func.coalesce(c.reenfileirado, false()) == true(), 1), else_=0)
         since = bindparam("since", type_=UtcDateTime())
         recent = func.sum(case((c.finished_at >= since, 1), else_=0))
+        cancelled = case((cancelled_attempt(c), 1), else_=0)
         # the finished attempts by kind, over a range of ids and by range of
         # ``size`` ids (status_summary.py), with what is kept of each range:
         # its smallest id and newest finish
@@ -109,13 +200,14 @@ class InspectionQueries:
                 dead.label("dead"),
                 requeued.label("requeued"),
                 head.label("head"),
+                cancelled.label("cancelled"),
                 func.count().label("n"),
                 recent.label("recent"),
                 func.min(c.id).label("low"),
                 func.max(c.finished_at).label("finished"),
             )
             .where(c.id >= low, c.id <= high, status_is(c.status, *CLOSED_STATUSES))
-            .group_by(c.id // size, c.processo, c.tenant, c.status, dead, requeued, head)
+            .group_by(c.id // size, c.processo, c.tenant, c.status, dead, requeued, head, cancelled)
         )
         #: open attempts per range of ids, one statement per status's index
         self._open_ranges = union_all(
@@ -221,6 +313,56 @@ class InspectionQueries:
             .order_by(c.id.desc())
             .limit(limit)
         )
+        self._state_filters = _state_filters(c)
+        self._open_terms = _open_terms(c)
+        # a row in some state: the union of the state filters, said shorter
+        self._listed = or_(
+            and_(
+                c.dead == false(),
+                or_(
+                    status_is(c.status, *OPEN_STATUSES),
+                    func.coalesce(c.reenfileirado, false()) == false(),
+                ),
+            ),
+            and_(c.dead == true(), c.id_inicial.is_(None)),
+        )
+        self._page = (
+            select(
+                c.id,
+                c.id_inicial,
+                c.processo,
+                c.status,
+                c.tentativa,
+                c.dead,
+                c.reenfileirado,
+                c.mensagem,
+                c.chave_externa,
+                c.payload,
+                c.data_hora,
+                c.started_at,
+                c.finished_at,
+            )
+            .order_by(c.id.desc())
+            .limit(limit)
+        )
+        # Sorted by an expression, not by id: a planner sees no order to read
+        # the primary key in, and reads the status's index. Without
+        # statistics SQLite (and PostgreSQL, when it guesses few matches)
+        # would rather walk the primary key backwards, filtering every
+        # finished row on the way, than sort the backlog.
+        self._page_sorted = self._page.order_by(None).order_by((c.id + literal_column("0")).desc())
+        # ix_processando (PostgreSQL, SQLite), the status indexes (MySQL family)
+        self._lease_holders = (
+            select(
+                c.worker_id,
+                func.count().label("tasks"),
+                func.max(c.lease_expires_at).label("lease_expires_at"),
+                func.max(c.started_at).label("started_at"),
+            )
+            .where(status_is(c.status, Status.PROCESSING), c.worker_id.is_not(None))
+            .group_by(c.worker_id)
+            .order_by(c.worker_id)
+        )
 
     # ------------------------------------------------------------ counts
     def open_groups(self, conn: Connection) -> list[Any]:
@@ -232,9 +374,10 @@ class InspectionQueries:
     def closed_range(
         self, conn: Connection, *, since: dt.datetime, low: int, high: int, size: int
     ) -> list[Any]:
-        """(k, processo, tenant, status, dead, requeued, head, n, recent,
-        low, finished) of the finished attempts with ids ``low`` to ``high``
-        (a primary-key range): ``k`` the range of ``size`` ids, ``recent``
+        """(k, processo, tenant, status, dead, requeued, head, cancelled, n,
+        recent, low, finished) of the finished attempts with ids ``low`` to
+        ``high`` (a primary-key range): ``k`` the range of ``size`` ids,
+        ``cancelled`` 1 for an operator's cancellation, ``recent``
         how many finished at or after ``since``, ``low`` the group's
         smallest id, ``finished`` its newest ``finished_at``."""
         params = {"since": since, "low": low, "high": high, "size": size}
@@ -296,6 +439,85 @@ class InspectionQueries:
             )
             high = low
         return found
+
+    def state_filter(self, state: str) -> ColumnElement[bool]:
+        """The rows in ``state`` (one of :data:`TASK_STATES`), as the
+        counts of ``sqla-queue status`` define it: the one predicate of
+        each state. Raises KeyError for another name."""
+        return self._state_filters[state]
+
+    def task_page(
+        self,
+        conn: Connection,
+        *,
+        limit: int,
+        state: str | None = None,
+        process: str | None = None,
+        external_key: str | None = None,
+        min_id: int | None = None,
+        max_id: int | None = None,
+        before: int | None = None,
+    ) -> TaskPage:
+        """Up to ``limit`` rows in ``state`` (any of :data:`TASK_STATES`
+        when None), of ``process`` and ``external_key`` when given, with
+        ids from ``min_id`` to ``max_id`` and below ``before``, newest
+        first: (id, id_inicial, processo, status, tentativa, dead,
+        reenfileirado, mensagem, chave_externa, payload, data_hora,
+        started_at, finished_at). An open state reads its status's index;
+        the rest reads the primary key in windows, at most
+        ``TASK_LIST_BUDGET`` ids, so a page can be short (even empty) with
+        a cursor: only ``before`` None says there is no more."""
+        c = self.adapter.table.c
+        where = [self._state_filters[state] if state is not None else self._listed]
+        if process is not None:
+            where.append(c.processo == bindparam("process"))
+        if external_key is not None:
+            where.append(c.chave_externa == bindparam("external_key"))
+        params: dict[str, Any] = {"process": process, "external_key": external_key}
+        high = min(
+            (x for x in (max_id, None if before is None else before - 1) if x is not None),
+            default=None,
+        )
+        if state in _OPEN_STATES:
+            if high is not None:
+                where.append(c.id <= bindparam("high"))
+            if min_id is not None:
+                where.append(c.id >= bindparam("low"))
+            statement = self._page_sorted if state in _SORTED_STATES else self._page
+            values = {**params, "high": high, "low": min_id, "limit": limit + 1}
+            # one statement per status's index, the state's filter split
+            held = [
+                row
+                for term in self._open_terms[state]
+                for row in conn.execute(statement.where(term, *where[1:]), values)
+            ]
+            held.sort(key=lambda row: row.id, reverse=True)
+            return _paged(held[: limit + 1], limit)
+        floor, newest = self.id_bounds(conn)
+        if floor is None or newest is None:
+            return TaskPage([], None)
+        floor = max(floor, min_id) if min_id is not None else floor
+        high = newest if high is None else min(high, newest)
+        window = self._page.where(*where, c.id >= bindparam("low"), c.id <= bindparam("high"))
+        found: list[Any] = []
+        read = 0
+        while high >= floor and len(found) <= limit and read < TASK_LIST_BUDGET:
+            low = max(floor, high - TASK_LIST_WINDOW + 1)
+            found += conn.execute(
+                window, {**params, "low": low, "high": high, "limit": limit + 1 - len(found)}
+            )
+            read += high - low + 1
+            high = low - 1
+        if len(found) <= limit and high >= floor:
+            return TaskPage(found, high + 1)  # the budget ran out first
+        return _paged(found, limit)
+
+    def lease_holders(self, conn: Connection) -> list[Any]:
+        """(worker_id, tasks, lease_expires_at, started_at) of each worker
+        holding ``processando`` rows, by worker_id: how many it holds, the
+        newest lease deadline among them (its heartbeat's last renewal plus
+        its lease) and its newest claim."""
+        return list(conn.execute(self._lease_holders))
 
     def task_row(self, conn: Connection, *, task_id: int) -> Any:
         return conn.execute(self._row, {"task_id": task_id}).first()
@@ -364,3 +586,49 @@ class InspectionQueries:
             for row in conn.execute(statement, {"keys": chunk, **params}):
                 found[row.id] = row
         return [found[key] for key in sorted(found)]
+
+
+def _open_terms(c: Any) -> dict[str, list[ColumnElement[bool]]]:
+    """The open states, each as one predicate per status, on that status's
+    index (a status literal: a bound value, or an ``IN``, implies no
+    partial index's predicate; SQLite reads an OR of two by neither)."""
+    alive = c.dead == false()
+    first = func.coalesce(c.tentativa, 1) <= 1
+    pending, scheduled = status_is(c.status, Status.PENDING), status_is(c.status, Status.SCHEDULED)
+    return {
+        "ready": [and_(pending, first, alive)],
+        "scheduled": [and_(scheduled, first, alive)],
+        "running": [and_(status_is(c.status, Status.PROCESSING), alive)],
+        "retrying": [and_(pending, ~first, alive), and_(scheduled, ~first, alive)],
+    }
+
+
+def _state_filters(c: Any) -> dict[str, ColumnElement[bool]]:
+    """Each state of :data:`TASK_STATES` as a predicate."""
+    alive = c.dead == false()
+    newest = func.coalesce(c.reenfileirado, false()) == false()
+    return {
+        **{state: or_(*terms) for state, terms in _open_terms(c).items()},
+        "succeeded": and_(status_is(c.status, Status.SUCCEEDED), newest, alive),
+        "failed": and_(
+            or_(
+                and_(
+                    status_is(c.status, Status.FAILED),
+                    or_(c.mensagem.is_(None), c.mensagem != CANCELLED_MESSAGE),
+                ),
+                status_is(c.status, Status.FAILED_PROCESSING),
+            ),
+            newest,
+            alive,
+        ),
+        "cancelled": and_(cancelled_attempt(c), newest, alive),
+        "dead_letter": and_(c.dead == true(), c.id_inicial.is_(None)),
+    }
+
+
+def _paged(found: list[Any], limit: int) -> TaskPage:
+    """``found`` (up to ``limit`` + 1 rows) as a page: a cursor when there
+    was one more."""
+    if len(found) > limit:
+        return TaskPage(found[:limit], found[limit - 1].id)
+    return TaskPage(found, None)

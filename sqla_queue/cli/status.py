@@ -68,10 +68,10 @@ def status(
     window: dt.timedelta,
 ) -> None:
     """What WORKER's queue is doing: tasks by process and state (ready,
-    scheduled, running, retrying, succeeded, failed, dead_letter), the
-    oldest ready task's age, recent throughput and failures, running
-    tasks, and on PostgreSQL the table's size, dead tuples and vacuum
-    horizon."""
+    scheduled, running, retrying, succeeded, failed, cancelled,
+    dead_letter), the oldest ready task's age, the attempts finished
+    recently and the newest failed ones, running attempts, and on
+    PostgreSQL the table's size, dead tuples and vacuum horizon."""
     from ..ops.status import queue_status, task_timeline
 
     if watch and as_json:
@@ -141,7 +141,8 @@ def _render(status: QueueStatus) -> Group:
     from ..ops.status import STATES
 
     parts: list[Any] = []
-    counts = Table(title=_text(f"queue {status.queue}"), title_justify="left")
+    # each block says what it counts: tasks (chains of attempts) or attempts
+    counts = Table(title=_text(f"queue {status.queue}: tasks by state"), title_justify="left")
     counts.add_column("process", no_wrap=True)
     for state in STATES:
         counts.add_column(state, justify="right", no_wrap=True, min_width=len(state))
@@ -153,7 +154,7 @@ def _render(status: QueueStatus) -> Group:
     counts.add_row(_text("total", "bold"), *(_n(getattr(status.totals, s)) for s in STATES))
     parts.append(counts)
     if status.tenants:
-        tenants = Table(title="per tenant", title_justify="left")
+        tenants = Table(title="tasks by tenant and state", title_justify="left")
         tenants.add_column("tenant", no_wrap=True)
         for state in STATES:
             tenants.add_column(state, justify="right", no_wrap=True, min_width=len(state))
@@ -163,15 +164,16 @@ def _render(status: QueueStatus) -> Group:
     t = status.throughput
     oldest = status.oldest_ready_seconds
     rate = "-" if t.failure_rate is None else f"{t.failure_rate:.1%}"
+    parts.append(_text(f"oldest ready task: {'none' if oldest is None else _age(oldest)}"))
     parts.append(
         _text(
-            f"oldest ready task: {'none' if oldest is None else _age(oldest)}   "
-            f"last {_age(t.window_seconds)}: {t.finished} attempts finished "
-            f"({t.per_minute:.1f}/min), {t.failed} failed ({rate})"
+            f"attempts finished in the last {_age(t.window_seconds)}: {t.finished} "
+            f"({t.per_minute:.1f}/min): {t.succeeded} succeeded, {t.failed} failed "
+            f"({rate} of those that ran), {t.cancelled} cancelled"
         )
     )
     if status.running:
-        running = Table(title="running", title_justify="left")
+        running = Table(title="running attempts", title_justify="left")
         for column in ("task", "chain", "process", "attempt", "worker", "running for", "lease"):
             running.add_column(column)
         for item in status.running:
@@ -187,7 +189,7 @@ def _render(status: QueueStatus) -> Group:
             )
         parts.append(running)
     if status.failures:
-        failures = Table(title="newest failures", title_justify="left")
+        failures = Table(title="newest failed attempts", title_justify="left")
         for column in ("task", "chain", "process", "attempt", "finished"):
             failures.add_column(column, no_wrap=True)
         failures.add_column("message", ratio=1, min_width=20)
@@ -423,6 +425,7 @@ def dashboard(
     no login and every write is refused. Without a password and without
     --read-only it does not start."""
     import os
+    from dataclasses import replace
 
     from ..config.kinds import Flag
 
@@ -454,6 +457,8 @@ def dashboard(
         raise click.ClickException(str(exc)) from None
     with _operator(worker, url) as queue:
         cls = queue.worker_class
+        # the workers' lease: /api/workers tells their last heartbeat by it
+        config = replace(config, lease_seconds=queue.effective["lease_seconds"])
         web = create_app(
             queue.engine,
             cls.queue_model(),

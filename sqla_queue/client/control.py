@@ -9,7 +9,7 @@ task is never touched: its worker owns it until it ends. A cancelled
 attempt becomes ``falha`` with ``mensagem`` "Tarefa cancelada pelo
 operador." and ``estouro_tentativas`` false, a final state a reader of the
 seed's columns understands (the task failed, no retry follows, it is not
-in the dead letter); ``sqla-queue status`` counts it as failed. Against a
+in the dead letter); ``sqla-queue status`` counts it as cancelled. Against a
 worker claiming the same row at the same moment, exactly one wins.
 """
 

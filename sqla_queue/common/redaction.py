@@ -23,10 +23,19 @@ person's terminal or a text log line gets it (``\\x1b``, ``\\u202e``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["MASK", "describe_error", "escape_controls", "escape_json_line", "fit_message", "redact"]
+__all__ = [
+    "MASK",
+    "describe_error",
+    "escape_controls",
+    "escape_json_line",
+    "fit_message",
+    "redact",
+    "redact_json",
+]
 
 MASK = "***"
 
@@ -109,6 +118,28 @@ def redact(text: str) -> str:
     text = _SIGNATURE.sub(rf"\1{MASK}", text)
     text = _AWS_KEY_ID.sub(rf"\1{MASK}", text)
     return _KEY_VALUE.sub(rf"\1{MASK}", text)
+
+
+# A JSON key that names a secret, as _KEY_VALUE reads one in text
+_SECRET_KEY = re.compile(rf"(?i)\b\w*?(?:{_SECRET_KEYS}|authorization|cookie)$")
+
+
+def redact_json(value: Any) -> Any:
+    """A decoded JSON value (a task's payload) with its secrets masked: the
+    value of every key that names one (``password``, ``api_key``,
+    ``X-Auth-Token``, ``Authorization``, ``Cookie``: the keys :func:`redact`
+    masks in text), whatever it holds, is :data:`MASK`, and every other
+    string goes through :func:`redact`."""
+    if isinstance(value, dict):
+        return {
+            key: MASK if _SECRET_KEY.search(str(key)) else redact_json(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [redact_json(item) for item in value]
+    if isinstance(value, str):
+        return redact(value)
+    return value
 
 
 def fit_message(text: str, limit: int, suffix: str = "") -> str:

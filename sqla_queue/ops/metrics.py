@@ -34,6 +34,14 @@ succeeded: an attempt became ``sucesso`` (a dead-letter run's too); retried:
 run's last attempt failed; rescued: ``falha_processando`` (the rescue);
 handed_back: back to ``pendente`` unrun, at a stop.
 
+These count attempts, as a worker ends them; ``sqla-queue status`` counts
+tasks (a chain of attempts, in one state each). A cancellation is neither
+here: ``sqla-queue cancel`` (``QueueClient.cancel``, the dashboard) ends a
+waiting task outside any worker, where no worker's hook hears of it, and
+these metrics hold no gauge of tasks per state. ``status --json`` (and the
+dashboard's ``/api/status``) counts the cancelled tasks (``cancelled``) and
+the cancellations among the attempts finished recently.
+
 The ``process`` label is bounded whatever the table holds (each value is a
 series of every family that has it, kept for the process's life): a worker
 that declares its ``processes`` labels those and counts every other

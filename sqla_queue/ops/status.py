@@ -14,12 +14,17 @@ retrying      ``pendente`` or ``agendada``, attempt > 1
 running       ``processando``
 succeeded     ``sucesso``
 failed        ``falha`` or ``falha_processando``: its retries are spent
-              (or it was cancelled)
+cancelled     ``falha`` with ``mensagem`` "Tarefa cancelada pelo operador."
+              (``sqla-queue cancel``: it waited, and will not run)
 ============  ===========================================================
 
 ``dead_letter`` counts the dead-letter runs (rows with ``dead`` true and no
 ``id_inicial``, whatever became of them). The same definitions serve
 ``sqla-queue status``, the metrics and the dashboard (docs/operations.md).
+Every chain is in exactly one state, so a process's states add up to its
+tasks. The throughput counts attempts, not tasks: the attempts that
+finished in a window, as succeeded, failed or cancelled (which add up to
+the finished ones, dead-letter runs' attempts among them).
 
     from sqla_queue.ops.status import queue_status, task_timeline
 
@@ -50,7 +55,7 @@ from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_of
 from ..adapters.base import LockHolder, TableHealth
-from ..adapters.inspection import InspectionQueries
+from ..adapters.inspection import TASK_STATES, InspectionQueries
 from ..adapters.locks import routine_key
 from ..client.pause import paused_processes
 from ..client.queue import resolve_table
@@ -60,6 +65,7 @@ from ..maintenance import ROUTINES
 from ..maintenance.periodic import Periodic, last_runs, next_runs
 from ..schema.configuration_table import configuration_table_of
 from ..schema.mixins import QueueMixin, Status
+from ..schema.rows import CANCELLED_MESSAGE
 from . import status_counts as status_summary
 
 __all__ = [
@@ -82,7 +88,7 @@ __all__ = [
 ]
 
 #: the chain states and the dead letter, in the order they are shown
-STATES = ("ready", "scheduled", "running", "retrying", "succeeded", "failed", "dead_letter")
+STATES = TASK_STATES
 #: a snapshot held this long is reported as holding back the vacuum
 HORIZON_WARN_SECONDS = 60.0
 
@@ -106,6 +112,7 @@ class Counts:
     retrying: int = 0
     succeeded: int = 0
     failed: int = 0
+    cancelled: int = 0
     dead_letter: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -130,12 +137,15 @@ class Counts:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Attempts that finished in the last ``window_seconds``."""
+    """Attempts (not tasks) that finished in the last ``window_seconds``:
+    ``finished`` is ``succeeded + failed + cancelled``, dead-letter runs'
+    attempts among them."""
 
     window_seconds: float
     finished: int = 0
     succeeded: int = 0
     failed: int = 0
+    cancelled: int = 0
 
     @property
     def per_minute(self) -> float:
@@ -143,8 +153,10 @@ class Throughput:
 
     @property
     def failure_rate(self) -> float | None:
-        """Failed attempts over finished ones (None: nothing finished)."""
-        return None if not self.finished else self.failed / self.finished
+        """Failed attempts over finished ones, cancellations left out of
+        both (None: nothing finished but cancellations)."""
+        ran = self.finished - self.cancelled
+        return None if not ran else self.failed / ran
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +164,7 @@ class Throughput:
             "finished": self.finished,
             "succeeded": self.succeeded,
             "failed": self.failed,
+            "cancelled": self.cancelled,
             "per_minute": round(self.per_minute, 3),
             "failure_rate": self.failure_rate,
         }
@@ -392,10 +405,13 @@ def queue_status(
             _count(processes, tenant_processes, row, state, row.n)
         done = int(row.recent or 0)
         if done:
-            numbers = recent.setdefault(_name(row.processo), [0, 0, 0])
+            # finished, succeeded, failed, cancelled: attempts
+            numbers = recent.setdefault(_name(row.processo), [0, 0, 0, 0])
             numbers[0] += done
-            if row.status == _SUCCEEDED and not row.dead:
+            if row.status == _SUCCEEDED:
                 numbers[1] += done
+            elif row.cancelled:
+                numbers[3] += done
             elif row.status in _FAILED:
                 numbers[2] += done
     totals = Counts.sum(processes.values())
@@ -408,6 +424,7 @@ def queue_status(
         sum(t.finished for t in recent_by_process.values()),
         sum(t.succeeded for t in recent_by_process.values()),
         sum(t.failed for t in recent_by_process.values()),
+        sum(t.cancelled for t in recent_by_process.values()),
     )
     return QueueStatus(
         queue=_table_name(table),
@@ -460,7 +477,7 @@ def task_timeline(bind: Bind, queue: Queue, task_id: int) -> Timeline:
     rows += [_attempt("copy", r) for r in copies]
     rows.sort(key=lambda item: item.id)
     newest = next((r for r in reversed(own) if not r.reenfileirado), own[-1] if own else row)
-    state = _state_of(newest.status, newest.tentativa) or "unknown"
+    state = _state_of(newest.status, newest.tentativa, newest.mensagem) or "unknown"
     return Timeline(
         task_id=task_id,
         chain_id=key,
@@ -557,7 +574,7 @@ def _name(process: str | None) -> str:
     return process or ""
 
 
-def _state_of(status: str | None, attempt: int | None) -> str | None:
+def _state_of(status: str | None, attempt: int | None, message: str | None = None) -> str | None:
     later = (attempt or 1) > 1
     if status == _PENDING:
         return "retrying" if later else "ready"
@@ -567,6 +584,8 @@ def _state_of(status: str | None, attempt: int | None) -> str | None:
         return "running"
     if status == _SUCCEEDED:
         return "succeeded"
+    if status == Status.FAILED.value and message == CANCELLED_MESSAGE:
+        return "cancelled"  # the same test as adapters/inspection.cancelled_attempt
     if status in _FAILED:
         return "failed"
     return None
@@ -583,6 +602,8 @@ def _closed_state(row: Any) -> str | None:
         return "dead_letter" if row.head else None
     if row.requeued:
         return None  # an attempt with a newer one after it
+    if row.cancelled:
+        return "cancelled"
     return _state_of(row.status, 1)
 
 

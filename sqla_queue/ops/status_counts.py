@@ -90,6 +90,7 @@ class ClosedGroup(NamedTuple):
     dead: int
     requeued: int
     head: int
+    cancelled: int  # 1: an operator's cancellation (a ``falha``)
     n: int
     recent: int
 
@@ -119,7 +120,8 @@ def closed_groups(
     exact: bool = False,
 ) -> list[ClosedGroup]:
     """The finished attempts by (processo, tenant, status, dead, requeued,
-    head), with how many finished at or after ``since`` (see the module)."""
+    head, cancelled), with how many finished at or after ``since`` (see the
+    module)."""
     key = _key(conn, queries)
     store = _store_of(conn, queries.adapter.table, key)
     kept = None if exact else _kept.get(key)
@@ -169,10 +171,7 @@ def closed_groups(
     ranges = {k: r for k, r in reused.items() if k <= covered}
     for k in sorted(set(counted) | {k for k in open_counts if k <= covered}):
         rows = counted.get(k, [])
-        found += (
-            ClosedGroup(r.processo, r.tenant, r.status, r.dead, r.requeued, r.head, r.n, r.recent)
-            for r in rows
-        )
+        found += (_group(r, r.recent) for r in rows)
         if k <= covered and k not in ranges:
             newest = [r.finished for r in rows if r.finished is not None]
             ranges[k] = _Range(
@@ -180,10 +179,7 @@ def closed_groups(
                 low=min(int(r.low) for r in rows) if rows else None,
                 finished=max(_epoch(value) for value in newest) if newest else None,
                 at=now_epoch,
-                groups=[
-                    ClosedGroup(r.processo, r.tenant, r.status, r.dead, r.requeued, r.head, r.n, 0)
-                    for r in rows
-                ],
+                groups=[_group(r, 0) for r in rows],
             )
     _kept[key] = _Kept(covered, ranges)
     if store is not None:
@@ -207,6 +203,21 @@ def save_counted(conn_or_engine: Any, queries: InspectionQueries, *, own: bool) 
     pending = _pending.pop(key, None)
     if pending is not None and queries.writes_apart(conn, after_own_connection=own):
         pending()
+
+
+def _group(row: Any, recent: int) -> ClosedGroup:
+    """A row :meth:`InspectionQueries.closed_range` counted, as a group."""
+    return ClosedGroup(
+        row.processo,
+        row.tenant,
+        row.status,
+        row.dead,
+        row.requeued,
+        row.head,
+        row.cancelled,
+        row.n,
+        recent,
+    )
 
 
 def _count(
@@ -242,8 +253,12 @@ def _key_tail(queries: InspectionQueries) -> tuple[str | None, str]:
 # ------------------------------------------------------------ the stored counts
 #: per database and table: its <table>_status, or None when it has none
 _stores: dict[tuple[str, str | None, str], Table | None] = {}
-#: the row that holds ``covered`` (in ``low``)
+#: the row that holds ``covered`` (in ``low``) and the format (in ``open_count``)
 _COVERED_ROW = -1
+#: the format of the kept groups: 1, a ClosedGroup without ``recent``, as a
+#: JSON list; 0 (before): without ``cancelled``, cancellations counted as
+#: failed. Counts kept in another format are counted again, never read.
+_FORMAT = 1
 
 
 def status_table(table: Table) -> Table:
@@ -295,6 +310,8 @@ def _load(conn: Connection, queries: InspectionQueries, store: Table) -> _Kept |
     covered = None
     for row in queries.counts_kept(conn, store=store):
         if row.range_id == _COVERED_ROW:
+            if row.open_count != _FORMAT:
+                return None  # another version's counts: count again
             covered = row.low
             continue
         try:
@@ -336,23 +353,28 @@ def _save(
             "low": ranges[k].low,
             "finished": ranges[k].finished,
             "counted_at": ranges[k].at,
-            "groups_json": json.dumps([list(g[:7]) for g in ranges[k].groups]),
+            "groups_json": json.dumps([list(g[:-1]) for g in ranges[k].groups]),
         }
         for k in written
     ]
     rows.append(
         {
             "range_id": _COVERED_ROW,
-            "open_count": 0,
+            "open_count": _FORMAT,
             "low": covered,
             "finished": None,
             "counted_at": now_epoch,
             "groups_json": "[]",
         }
     )
-    ids = [*written, _COVERED_ROW, *dropped]  # the rows written and those gone
     try:
         with engine.connect() as own, own.begin():
+            if before is None:
+                # what the table holds is unknown (nothing read, or counts
+                # of another format): every range not written now goes
+                stored = (int(row.range_id) for row in queries.counts_kept(own, store=store))
+                dropped = [k for k in stored if k not in ranges and k != _COVERED_ROW]
+            ids = [*written, _COVERED_ROW, *dropped]  # the rows written and those gone
             queries.counts_keep(own, store=store, rows=rows, drop=ids)
     except SQLAlchemyError:
         pass  # another status wrote them meanwhile, or the table is not writable here

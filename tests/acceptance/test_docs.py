@@ -136,3 +136,27 @@ def test_every_python_example_in_the_docs_is_valid_python(where: str, code: str)
     """A page's example that does not even parse fails its reader at once;
     the examples the other tests here run go further."""
     compile(code, where, "exec")
+
+
+def _file_links() -> list[tuple[str, str]]:
+    """(where, path in the repository) of each link to a file of ours: the
+    docs' relative links, the README's github.com/.../blob/main/ ones."""
+    found = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for target in re.findall(r"\]\(([^)#\s]+)", line):
+                if target.startswith("https://github.com/sqla-queue/sqla-queue/blob/main/"):
+                    path = target.split("/blob/main/", 1)[1]
+                elif "://" in target or target.startswith("mailto:"):
+                    continue
+                else:
+                    path = str((page.parent / target).resolve().relative_to(ROOT))
+                found.append((f"{page.relative_to(ROOT)}:{number}", path))
+    return found
+
+
+def test_every_link_to_a_file_of_ours_finds_it() -> None:
+    """The docs link to modules and examples by path: a move (the layer
+    folders) must not leave a link to nowhere."""
+    missing = [f"{where}: {path}" for where, path in _file_links() if not (ROOT / path).exists()]
+    assert missing == []

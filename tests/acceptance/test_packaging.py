@@ -284,18 +284,24 @@ TEMPLATE_FILES = ("README", "alembic.ini.mako", "env.py", "script.py.mako")
 
 
 def test_the_wheel_ships_the_alembic_templates_and_the_packages(tmp_path: Path) -> None:
-    """A real build (pip wheel, PEP 517): sqla_queue/alembic_templates/
-    lands in the wheel with its README and .mako files, next to
-    every subpackage of sqla_queue; and setuptools warns of nothing (it
-    warned, in about 80 lines of make quickstart, that each template folder
-    was absent from the packages configuration)."""
+    """A real build (``python -m build``, PEP 517: the sdist, then the
+    wheel from the unpacked sdist, as make check-package builds them): the
+    wheel's sqla_queue/ is the checkout's, file for file, the alembic
+    templates with their README and .mako files among them; and setuptools
+    warns of nothing (it warned, in about 80 lines of make quickstart, that
+    each template folder was absent from the packages configuration).
+
+    Not ``pip wheel .``: a build in the checkout copies whatever an earlier
+    one left in its build/lib into the wheel (this checkout's held 57
+    modules of the layout before the layer folders), and leaves build/lib
+    behind for the next."""
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "Warning" in line]
     assert warnings == [], "\n".join(warnings)
     (wheel,) = tmp_path.glob("sqla_queue-*.whl")
@@ -305,12 +311,12 @@ def test_the_wheel_ships_the_alembic_templates_and_the_packages(tmp_path: Path) 
         for name in TEMPLATE_FILES:
             assert f"sqla_queue/alembic_templates/{template}/{name}" in names
     assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
-    packages = {
-        path.parent.relative_to(ROOT).as_posix()
-        for path in (ROOT / "sqla_queue").rglob("__init__.py")
+    source = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "sqla_queue").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
-    for package in packages:
-        assert f"{package}/__init__.py" in names
+    assert {name for name in names if name.startswith("sqla_queue/")} == source
     assert "sqla_queue/py.typed" in names
     assert not any(name.startswith(("tests/", "benchmarks/", "examples/")) for name in names)
 

@@ -58,7 +58,9 @@ from sqlalchemy.orm import Session
 
 from sqla_queue import UnsupportedOperationError
 from sqla_queue.adapters import Adapter, ClaimFilter, ErrorKind, adapter_for
+from sqla_queue.adapters import inspection as inspection_module
 from sqla_queue.adapters.base import FAIR_KEY, IN_LIST_MAX, TableHealth, VacuumState
+from sqla_queue.adapters.inspection import TASK_STATES, task_state
 from sqla_queue.adapters.locks import routine_key
 from sqla_queue.client.queue import _task_row
 from sqla_queue.common.exceptions import SqlaQueueError
@@ -66,7 +68,7 @@ from sqla_queue.common.types import utcnow
 from sqla_queue.enqueue.unique import unique_table
 from sqla_queue.ops.status_counts import status_table
 from sqla_queue.schema.configuration_table import configuration_table
-from sqla_queue.schema.rows import SUCCESS_MESSAGE
+from sqla_queue.schema.rows import CANCELLED_MESSAGE, SUCCESS_MESSAGE
 from tests.adapters.conftest import OTHER, OWNER, Contract, past
 from tests.conftest import wait_until
 
@@ -1311,6 +1313,98 @@ def test_inspection_keeps_the_finished_counts_per_range(contract: Contract) -> N
         inspection.counts_keep(conn, store=store, rows=[{**row, "range_id": 3}], drop=[1, 9])
     with contract.engine.connect() as conn:
         assert sorted(kept.range_id for kept in inspection.counts_kept(conn, store=store)) == [2, 3]
+
+
+def _states(contract: Contract) -> dict[str, list[int]]:
+    """One row of each task state (newest first within one), and rows in
+    none: a retried attempt, a dead-letter run's retry."""
+    table = contract.adapter.table
+    with contract.engine.begin() as conn:
+        running = contract.insert(conn, processo="outro", chave_externa="k-run")
+    assert contract.claim(limit=1) == [running]
+    with contract.engine.begin() as conn:
+        ids = {name: contract.insert(conn) for name in (
+            "ready", "scheduled", "retried", "retrying", "succeeded", "failed",
+            "cancelled", "dead_letter", "dead_retry",
+        )}  # fmt: skip
+        _set(conn, table, ids["scheduled"], status="agendada", data_hora=past(-60))
+        _set(conn, table, ids["retried"], status="falha", reenfileirado=True)
+        _set(conn, table, ids["retrying"], tentativa=2, id_inicial=ids["retried"])
+        _set(conn, table, ids["succeeded"], status="sucesso", mensagem=SUCCESS_MESSAGE)
+        _set(conn, table, ids["failed"], status="falha_processando", mensagem="boom")
+        _set(conn, table, ids["cancelled"], status="falha", mensagem=CANCELLED_MESSAGE)
+        _set(conn, table, ids["dead_letter"], status="falha", dead=True, live_id=ids["failed"])
+        _set(conn, table, ids["dead_retry"], dead=True, tentativa=2, id_inicial=ids["dead_letter"])
+    found = {state: [ids[state]] for state in TASK_STATES if state in ids}
+    return {**found, "running": [running], "none": [ids["retried"], ids["dead_retry"]]}
+
+
+def test_inspection_lists_tasks_by_state_newest_first_a_page_at_a_time(
+    contract: Contract, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inspection = contract.adapter.inspection
+    states = _states(contract)
+    listed = sorted((i for state in TASK_STATES for i in states[state]), reverse=True)
+    with contract.engine.connect() as conn:
+        for state in TASK_STATES:
+            page = inspection.task_page(conn, limit=10, state=state)
+            assert ([row.id for row in page.rows], page.before) == (states[state], None), state
+            assert [task_state(row) for row in page.rows] == [state]
+            matched = conn.execute(
+                select(contract.adapter.table.c.id).where(inspection.state_filter(state))
+            )
+            assert [row.id for row in matched] == states[state], state
+        every = inspection.task_page(conn, limit=50)
+        assert [row.id for row in every.rows] == listed and every.before is None
+        # filters: a process, an external key, an id range, a cursor
+        assert [
+            row.id for row in inspection.task_page(conn, limit=50, process="outro").rows
+        ] == states["running"]
+        assert [
+            row.id
+            for row in inspection.task_page(
+                conn, limit=50, state="running", external_key="k-run"
+            ).rows
+        ] == states["running"]
+        assert inspection.task_page(conn, limit=50, state="ready", process="outro").rows == []
+        low, high = listed[-3], listed[1]
+        ranged = inspection.task_page(conn, limit=50, min_id=low, max_id=high)
+        assert [row.id for row in ranged.rows] == [i for i in listed if low <= i <= high]
+        ready = inspection.task_page(conn, limit=50, state="ready", before=states["ready"][0])
+        assert ready.rows == []
+        # a page at a time, whether the page or the read budget ends first
+        for window, budget in ((10_000, 100_000), (1, 2)):
+            monkeypatch.setattr(inspection_module, "TASK_LIST_WINDOW", window)
+            monkeypatch.setattr(inspection_module, "TASK_LIST_BUDGET", budget)
+            walked: list[int] = []
+            before = None
+            for _ in range(100):
+                page = inspection.task_page(conn, limit=2, before=before)
+                assert len(page.rows) <= 2
+                walked += [row.id for row in page.rows]
+                if page.before is None:
+                    break
+                before = page.before
+            assert walked == listed, (window, budget)
+
+
+def test_inspection_names_the_workers_holding_tasks(contract: Contract) -> None:
+    inspection = contract.adapter.inspection
+    with contract.engine.connect() as conn:
+        assert inspection.lease_holders(conn) == []
+    with contract.engine.begin() as conn:
+        for _ in range(3):
+            contract.insert(conn)
+    claimed_at = utcnow()
+    assert len(contract.claim(limit=2, owner=OWNER)) == 2
+    assert len(contract.claim(limit=1, owner=OTHER)) == 1
+    with contract.engine.connect() as conn:
+        holders = inspection.lease_holders(conn)
+    assert [(row.worker_id, row.tasks) for row in holders] == [(OWNER, 2), (OTHER, 1)]
+    for row in holders:  # a 30 s lease from the claim, by the database's clock
+        ahead = (_utc(row.lease_expires_at) - claimed_at).total_seconds()
+        assert 30 - CLOCK_TOLERANCE_SECONDS <= ahead <= 30 + CLOCK_TOLERANCE_SECONDS
+        assert abs((_utc(row.started_at) - claimed_at).total_seconds()) <= CLOCK_TOLERANCE_SECONDS
 
 
 def test_archive_reads_and_deletes_whole_families(contract: Contract) -> None:

@@ -41,8 +41,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 # ------------------------------------------------------------ the reference
-def _state(status: str | None, attempt: int | None) -> str:
+CANCELLED = "Tarefa cancelada pelo operador."
+
+
+def _state(status: str | None, attempt: int | None, message: str | None) -> str:
     later = (attempt or 1) > 1
+    if status == "falha" and message == CANCELLED:
+        return "cancelled"
     return {
         "pendente": "retrying" if later else "ready",
         "agendada": "retrying" if later else "scheduled",
@@ -56,8 +61,8 @@ def _state(status: str | None, attempt: int | None) -> str:
 def counts_by_definition(engine: Engine, table: Table) -> dict[str, dict[str, int]]:
     """{process: {state: n}} from the definitions: a chain is the rows
     sharing COALESCE(id_inicial, id) with dead false, in the state of its
-    newest (largest id) row; dead_letter counts rows with dead true and no
-    id_inicial."""
+    newest (largest id) row (cancelled: a falha with the cancellation's
+    message); dead_letter counts rows with dead true and no id_inicial."""
     c = table.c
     chain = func.coalesce(c.id_inicial, c.id)
     newest = (
@@ -65,11 +70,13 @@ def counts_by_definition(engine: Engine, table: Table) -> dict[str, dict[str, in
     )
     found: dict[str, dict[str, int]] = {}
     with engine.connect() as conn:
-        for process, status, attempt in conn.execute(
-            select(c.processo, c.status, c.tentativa).join(newest, c.id == newest.c.newest)
+        for process, status, attempt, message in conn.execute(
+            select(c.processo, c.status, c.tentativa, c.mensagem).join(
+                newest, c.id == newest.c.newest
+            )
         ):
             by = found.setdefault(process or "", dict.fromkeys(STATES, 0))
-            by[_state(status, attempt)] += 1
+            by[_state(status, attempt, message)] += 1
         for process, n in conn.execute(
             select(c.processo, func.count())
             .where(c.dead == true(), c.id_inicial.is_(None))
@@ -153,7 +160,7 @@ EXPECTED = {
     "faturar": {"succeeded": 3, "failed": 1, "dead_letter": 1, "ready": 1},
     "backoff": {"retrying": 1},
     # one scheduled a day ahead, 3 ready of which one cancelled
-    "relatorio": {"scheduled": 1, "ready": 2, "failed": 1},
+    "relatorio": {"scheduled": 1, "ready": 2, "cancelled": 1},
     # one running, one rescued and waiting for its retry
     "lento": {"running": 1, "retrying": 1},
 }
@@ -176,8 +183,8 @@ def test_status_counts_tasks_not_attempts_as_the_definitions_say(
     assert data["queue"] == app.Task.__tablename__
     assert data["tenants"] == {
         "7": {
-            "totals": {**dict.fromkeys(STATES, 0), "ready": 2, "failed": 1},
-            "processes": {"relatorio": {**dict.fromkeys(STATES, 0), "ready": 2, "failed": 1}},
+            "totals": {**dict.fromkeys(STATES, 0), "ready": 2, "cancelled": 1},
+            "processes": {"relatorio": {**dict.fromkeys(STATES, 0), "ready": 2, "cancelled": 1}},
         }
     }
     assert data["oldest_ready_seconds"] is not None and data["oldest_ready_seconds"] >= 0
@@ -188,9 +195,11 @@ def test_status_counts_tasks_not_attempts_as_the_definitions_say(
     assert any(m == "Tarefa cancelada pelo operador." for m in messages)
     assert any("Máximo de tentativas atingido" in m for m in messages)
     # every attempt finished in the last 5 minutes: 3 + 2 + 1 dead-letter
-    # run + 1 backoff failure + the cancellation + the rescued one
-    assert status.throughput.finished == 9
-    assert status.throughput.failed == 5
+    # run + 1 backoff failure + the cancellation + the rescued one; the
+    # dead-letter run succeeded
+    t = status.throughput
+    assert (t.finished, t.succeeded, t.failed, t.cancelled) == (9, 4, 4, 1)
+    assert t.failure_rate == 4 / 8
     # from a Session and a Connection too, the same counts
     with Session(engine) as session:
         assert queue_status(session, app.Task).as_json()["processes"] == reference
@@ -297,7 +306,7 @@ def test_cancel_stops_a_waiting_chain_and_leaves_running_and_finished_ones(
         )
         assert row.finished_at is not None
     counts = queue_status(engine, app.Task).processes["lento"]
-    assert (counts.running, counts.retrying, counts.failed) == (1, 0, 1)
+    assert (counts.running, counts.retrying, counts.failed, counts.cancelled) == (1, 0, 0, 1)
     # a cancelled task never runs: a worker for its process finds nothing
     with Session(engine) as session:
 
@@ -337,7 +346,8 @@ def test_cancel_process_older_than_and_retry_now(engine: Engine, app: App, insta
         session.commit()
     # the new "p" task, "q"'s ready one and the one run now
     assert outcome.succeeded == 3
-    assert queue_status(engine, app.Task).totals.failed == 3
+    totals = queue_status(engine, app.Task).totals
+    assert (totals.cancelled, totals.failed) == (3, 0)
 
 
 def race(engine: Engine, app: App, worker: Runner, task_id: int) -> tuple[bool, bool]:
@@ -449,6 +459,69 @@ def test_status_json_and_task_and_the_action_commands(
         assert retry.status == "pendente" and retry.run_at <= utcnow()
     usage = cli("cancel", *worker, table=table)
     assert usage.returncode == 2 and "give --task ID" in usage.stderr
+
+
+def test_status_counts_a_cancelled_task_apart_from_a_failed_one(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """One task cancelled while it waited, one failed (its retries spent,
+    its dead-letter run ran), one succeeded: ``status --json`` and the
+    human ``status`` show each in its own state, and the numbers add up."""
+
+    class Once(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        max_retry = 1
+
+    with Session(engine) as session:
+        ok = app.Task(process="p", payload={"n": 1})
+        failing = app.Task(process="p", payload={"fail": "always"})
+        waiting = app.Task(process="p", payload={"n": 2}, run_at=utcnow() + dt.timedelta(days=1))
+        session.add_all([ok, failing, waiting])
+        session.commit()
+        QueueClient(session, app.Task).cancel(waiting.id)
+        session.commit()
+        outcome = run_until_empty(Once, session)
+        assert (outcome.succeeded, outcome.dead) == (1, 1)
+        session.commit()
+        assert task_timeline(session, app.Task, waiting.id).state == "cancelled"
+    table = app.Task.__tablename__
+    worker = ["tests.support.app:RecordingWorker", "--url", db_url]
+    done = cli("status", *worker, "--json", table=table)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    expected = {
+        **dict.fromkeys(STATES, 0),
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 1,
+        "dead_letter": 1,
+    }
+    assert data["totals"] == expected
+    assert data["processes"] == {"p": expected}
+    assert data["processes"] == counts_by_definition(engine, app.Task.__table__)
+    # three tasks, each in one state (the dead-letter run is counted apart)
+    assert sum(n for state, n in data["totals"].items() if state != "dead_letter") == 3
+    # attempts: the success, the failure, the dead-letter run's success, the
+    # cancellation; the parts add up to the finished ones
+    recent = data["throughput"]
+    assert (recent["finished"], recent["succeeded"], recent["failed"], recent["cancelled"]) == (
+        4,
+        2,
+        1,
+        1,
+    )
+
+    shown = cli("status", *worker, table=table)
+    assert shown.returncode == 0, shown.stderr
+    # the table's cells, without its borders
+    lines = [
+        [cell for cell in line.split() if cell not in "│┃"] for line in shown.stdout.splitlines()
+    ]
+    assert f"queue {table}: tasks by state" in shown.stdout
+    assert ["process", *STATES] in lines
+    # the process's row: a value under each state's column, in STATES' order
+    assert ["p", *(str(expected[state]) for state in STATES)] in lines
+    assert "attempts finished in the last 5.0 min: 4 " in shown.stdout
+    assert "2 succeeded, 1 failed (33.3% of those that ran), 1 cancelled" in shown.stdout
 
 
 #: what only a running worker needs: an operator's command does not import it

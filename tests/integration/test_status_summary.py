@@ -12,10 +12,11 @@ newest ranges' only.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, delete, func, inspect, select, update
+from sqlalchemy import Engine, delete, func, insert, inspect, select, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, status_summary
@@ -207,6 +208,49 @@ def test_a_new_process_reads_the_kept_counts_from_the_status_table(
         session.commit()
     status_summary.forget_all()
     same_as_definition(engine, app)
+
+
+def test_counts_kept_by_the_version_before_cancelled_are_counted_again(
+    engine: Engine, app: App, installed: None, ranges_read: list[tuple[int, int]]
+) -> None:
+    """<table>_status as the version before ``cancelled`` left it (its
+    groups without the cancelled field, a cancellation counted as failed,
+    the covered row's format 0), and a range of it since purged: a new
+    process counts everything again, counts right, and rewrites the table
+    in its own format, the old range gone."""
+    build_history(engine, app)  # a cancellation among its tasks
+    same_as_definition(engine, app)
+    store = status_summary.status_table(app.Task.__table__)
+    with engine.begin() as conn:
+        for range_id, groups in conn.execute(select(store.c.range_id, store.c.groups_json)):
+            old = [[*group[:6], group[7]] for group in json.loads(groups)]
+            conn.execute(
+                update(store)
+                .where(store.c.range_id == range_id)
+                .values(groups_json=json.dumps(old))
+            )
+        conn.execute(update(store).where(store.c.range_id == -1).values(open_count=0))
+        conn.execute(
+            insert(store).values(
+                range_id=99_999,
+                open_count=0,
+                counted_at=0.0,
+                groups_json='[["p", null, "falha", 0, 0, 1, 5]]',
+            )
+        )
+    status_summary.forget_all()  # a new process
+    ranges_read.clear()
+    same_as_definition(engine, app)
+    with engine.connect() as conn:
+        low, high = conn.execute(select(func.min(app.Task.id), func.max(app.Task.id))).one()
+        kept = dict(conn.execute(select(store.c.range_id, store.c.open_count)).all())
+    assert ranges_read == [(low, high)]  # one pass over everything
+    assert kept[-1] == 1 and 99_999 not in kept
+    # and the next new process reads what this one kept
+    status_summary.forget_all()
+    ranges_read.clear()
+    same_as_definition(engine, app)
+    assert ranges_read and ranges_read[0][0] > low
 
 
 def test_without_the_status_table_every_new_process_counts_everything(

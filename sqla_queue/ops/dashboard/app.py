@@ -18,12 +18,22 @@ rebinding). Every response says ``Content-Security-Policy: default-src
 (markup as text, control and bidi characters as ``\\x1b``, ``\\u202e``);
 webhook URLs are shown as ``sqla-queue status`` shows them (path and query
 masked).
+
+The JSON API (docs/operations.md, "The dashboard"): ``GET /api/status``
+(what ``sqla-queue status --json`` prints), ``GET /api/tasks`` (the tasks,
+newest first, by state, process, external key and id range, a page at a
+time behind an opaque cursor), ``GET /api/tasks/ID`` (a task's timeline
+and payload), ``GET /api/workers`` (the workers holding tasks). Payloads
+are shown with their secrets masked (``redact_json``). A bad query
+parameter answers 400 with ``{"error": "..."}``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import ipaddress
+import json
 import math
 import re
 import time
@@ -31,6 +41,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Seque
 from dataclasses import dataclass
 from html import escape
 from typing import Any
+from urllib.parse import urlencode
 
 from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup
@@ -43,11 +54,13 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from ...adapters import adapter_of
+from ...adapters.inspection import TASK_STATES, TaskPage, task_state
 from ...client.pause import pause, resume
 from ...client.queue import QueueClient, resolve_table
 from ...common.exceptions import ConfigurationError, SqlaQueueError, TaskNotFoundError
-from ...common.redaction import escape_controls
-from ...config.ranges import TASK_ID
+from ...common.payload import decode_payload
+from ...common.redaction import escape_controls, redact_json
+from ...config.ranges import DEFAULT_LEASE_SECONDS, LEASE_SECONDS, TASK_ID, Range
 from ...webhooks.guard import show_url
 from ..status import (
     STATES,
@@ -95,6 +108,9 @@ _NO_PASSWORD = (
     "or --read-only (SQLA_QUEUE_DASHBOARD_READ_ONLY=true: no login, no writes)"
 )
 _BAD_CSRF = "CSRF token missing or wrong (reload the page)"
+#: tasks a page of ``/api/tasks`` holds: ``limit``'s bounds and default
+TASK_PAGE = Range(1, 500, integer=True)
+DEFAULT_TASK_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,9 @@ class DashboardConfig:
     the session cookie is Secure on plain HTTP too (a proxy in front speaks
     TLS); it is Secure anyway when the request came over HTTPS.
     ``secret_key``: obsolete, accepted and ignored (sessions are kept on
-    the server; nothing is signed)."""
+    the server; nothing is signed). ``lease_seconds``: the workers' lease
+    (``lease_seconds``), to tell when a worker's heartbeat last renewed
+    its leases (``/api/workers``)."""
 
     user: str = "admin"
     password: str | None = None
@@ -119,13 +137,15 @@ class DashboardConfig:
     read_only: bool = False
     allowed_hosts: tuple[str, ...] = ()
     behind_tls_proxy: bool = False
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
     def check(self) -> None:
         """Raises ConfigurationError without a password unless read-only,
-        and for a bad allowed host."""
+        for a bad allowed host and for a lease out of range."""
         if not self.password and not self.read_only:
             raise ConfigurationError(_NO_PASSWORD)
         allowed_hosts(self.allowed_hosts)
+        LEASE_SECONDS.check("lease_seconds", self.lease_seconds)
 
 
 def create_app(
@@ -275,7 +295,76 @@ def create_app(
             timeline = task_timeline(engine, table, task_id)
         except TaskNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
-        return JSONResponse(timeline.as_json())
+        with engine.connect() as conn:
+            adapter = adapter_of(engine.dialect, table, task_locks=False)
+            stored = adapter.task_payloads(conn, ids=[task_id])
+        return JSONResponse({**timeline.as_json(), "payload": _payload(stored.get(task_id))})
+
+    def task_page(asked: dict[str, Any]) -> TaskPage:
+        adapter = adapter_of(engine.dialect, table, task_locks=False)
+        with engine.connect() as conn:
+            return adapter.inspection.task_page(conn, **asked)
+
+    def tasks(request: Request) -> Response:
+        try:
+            asked = _task_filters(request)
+        except _BadQuery as exc:
+            return page(request, "error.html", 400, error=str(exc))
+        found = task_page(asked)
+        next_url = None
+        if found.before is not None:
+            kept = {k: v for k, v in request.query_params.items() if v and k != "after"}
+            next_url = f"{config.root}/tasks?{urlencode({**kept, 'after': found.before})}"
+        shown = [
+            {
+                **_task_json(row),
+                "payload": _payload_text(row.payload),
+                # datetimes, for the pages' own format (when())
+                "run_at": _utc(row.data_hora),
+                "started_at": _utc(row.started_at),
+                "finished_at": _utc(row.finished_at),
+            }
+            for row in found.rows
+        ]
+        return page(
+            request,
+            "tasks.html",
+            tasks=shown,
+            filters=asked,
+            next_url=next_url,
+            task_states=TASK_STATES,
+        )
+
+    def api_tasks(request: Request) -> Response:
+        try:
+            asked = _task_filters(request)
+        except _BadQuery as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        found = task_page(asked)
+        return JSONResponse(
+            {
+                "tasks": [_task_json(row) for row in found.rows],
+                "next": None if found.before is None else str(found.before),
+            }
+        )
+
+    def api_workers(request: Request) -> Response:
+        adapter = adapter_of(engine.dialect, table, task_locks=False)
+        with engine.connect() as conn:
+            holders = adapter.inspection.lease_holders(conn)
+        lease = dt.timedelta(seconds=config.lease_seconds)
+        return JSONResponse(
+            {
+                "workers": [
+                    {
+                        "worker_id": row.worker_id,
+                        "tasks": int(row.tasks),
+                        "last_heartbeat": _iso(_last_heartbeat(row, lease)),
+                    }
+                    for row in holders
+                ]
+            }
+        )
 
     async def refuse_write(request: Request) -> Response | None:
         """Why a write is refused (read-only, no login, a bad CSRF token), or None."""
@@ -414,6 +503,7 @@ def create_app(
 
     routes = [
         Route("/", reader(overview)),
+        Route("/tasks", reader(tasks)),
         Route("/tasks/{task_id}", reader(task)),
         Route("/dead", reader(dead)),
         Route("/subscriptions", reader(subscriptions)),
@@ -421,7 +511,9 @@ def create_app(
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/api/status", reader(api_status, api=True)),
+        Route("/api/tasks", reader(api_tasks, api=True)),
         Route("/api/tasks/{task_id}", reader(api_task, api=True)),
+        Route("/api/workers", reader(api_workers, api=True)),
         Route("/api/tasks/{task_id}/{action}", act, methods=["POST"]),
         Route("/api/processes/{action}", pausing, methods=["POST"]),
         Route("/static/app.css", css),
@@ -499,6 +591,97 @@ def _no_task(request: Request) -> str:
     text = str(request.path_params["task_id"])
     shown = text if len(text) <= 40 else text[:40] + "…"
     return f"no task {shown}: a task id is {TASK_ID.describe()}"
+
+
+class _BadQuery(ValueError):
+    """A query parameter no answer can be given for (400)."""
+
+
+def _task_filters(request: Request) -> dict[str, Any]:
+    """``task_page``'s arguments from ``/api/tasks``'s query parameters
+    (state, process, external_key, min_id, max_id, limit, after); raises
+    _BadQuery for a bad one."""
+    query = request.query_params
+    state = query.get("state") or None
+    if state is not None and state not in TASK_STATES:
+        raise _BadQuery(f"unknown state '{_shown(state)}': one of {', '.join(TASK_STATES)}")
+    found: dict[str, Any] = {"state": state}
+    for name in ("process", "external_key"):
+        text = query.get(name) or None  # an empty form field: any
+        if text is not None and "\x00" in text:
+            raise _BadQuery(f"{name} holds a NUL character")
+        found[name] = text
+    limit = _whole(query.get("limit"), "limit", TASK_PAGE)
+    found["limit"] = DEFAULT_TASK_PAGE if limit is None else limit
+    found["min_id"] = _whole(query.get("min_id"), "min_id", TASK_ID)
+    found["max_id"] = _whole(query.get("max_id"), "max_id", TASK_ID)
+    found["before"] = _whole(query.get("after"), "after", TASK_ID, what="a cursor (next)")
+    return found
+
+
+def _whole(text: str | None, name: str, bounds: Range, what: str = "") -> int | None:
+    if text is None or text == "":
+        return None
+    value = int(text) if text.isascii() and text.isdigit() and len(text) <= 25 else None
+    if value is None or not bounds.contains(value):
+        wanted = what or bounds.describe()
+        raise _BadQuery(f"{name} '{_shown(text)}' is not {wanted}")
+    return value
+
+
+def _shown(text: str) -> str:
+    """A query parameter in an error: one line, at most 40 characters."""
+    text = escape_controls(text)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _payload(stored: str | None) -> Any:
+    """A stored payload decoded, its secrets masked."""
+    return redact_json(decode_payload(stored))
+
+
+def _payload_text(stored: str | None) -> str:
+    """A payload for a page: its masked JSON, cut at 500 characters."""
+    text = json.dumps(_payload(stored), ensure_ascii=False)
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
+def _task_json(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "chain": row.id_inicial or row.id,
+        "process": row.processo,
+        "state": task_state(row),
+        "attempt": row.tentativa or 1,
+        "external_key": row.chave_externa,
+        "payload": _payload(row.payload),
+        "run_at": _iso(row.data_hora),
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+    }
+
+
+def _last_heartbeat(row: Any, lease: dt.timedelta) -> dt.datetime | None:
+    """When a worker last claimed or renewed: the heartbeat writes only the
+    new deadline (renewal + the worker's lease) and a claim its start too,
+    so the newest deadline less the lease, or the newest claim if later
+    (a worker whose lease is shorter than the dashboard's ``lease_seconds``)."""
+    claimed, deadline = _utc(row.started_at), _utc(row.lease_expires_at)
+    known = [at for at in (claimed, None if deadline is None else deadline - lease) if at]
+    return max(known) if known else None
+
+
+def _utc(at: dt.datetime | None) -> dt.datetime | None:
+    # MySQL's MAX() of a DATETIME comes back naive: it is UTC
+    if at is None or at.tzinfo is not None:
+        return at
+    return at.replace(tzinfo=dt.timezone.utc)
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    """ISO 8601, UTC."""
+    at = _utc(at)
+    return None if at is None else at.astimezone(dt.timezone.utc).isoformat()
 
 
 def _same(given: Any, expected: str) -> bool:

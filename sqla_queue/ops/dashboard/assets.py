@@ -21,6 +21,7 @@ TEMPLATES = {
   <span class="queue">{{ queue }}</span>
   <nav>
     <a href="{{ root }}/">Overview</a>
+    <a href="{{ root }}/tasks">Tasks</a>
     <a href="{{ root }}/dead">Dead letter</a>
     <a href="{{ root }}/subscriptions">Subscriptions</a>
   </nav>
@@ -197,6 +198,34 @@ TEMPLATES = {
 </form>
 {% endblock %}
 """,
+    "tasks.html": """{% extends "base.html" %}
+{% block title %}tasks{% endblock %}
+{% block main %}
+<h2>Tasks</h2>
+<form method="get" action="{{ root }}/tasks" id="filters" class="filters">
+<label>state <select name="state" id="state-filter"><option value="">any</option>
+{% for s in task_states %}<option value="{{ s }}" {% if s == filters.state %}selected{% endif %}>{{ s }}</option>{% endfor %}
+</select></label>
+<label>process <input name="process" id="process-filter" value="{{ filters.process or '' }}"></label>
+<label>external key <input name="external_key" id="key-filter" value="{{ filters.external_key or '' }}"></label>
+<label>per page <input name="limit" id="limit-filter" size="4" value="{{ filters.limit }}"></label>
+<button id="filter">Show</button>
+</form>
+{% if tasks %}
+<table id="tasks">
+<thead><tr><th>task</th><th>chain</th><th>process</th><th>state</th><th>attempt</th><th>external key</th><th>run at</th><th>started</th><th>finished</th><th>payload</th></tr></thead>
+<tbody>
+{% for t in tasks %}
+<tr class="{{ t.state }}"><td><a href="{{ root }}/tasks/{{ t.id }}">{{ t.id }}</a></td><td>{{ t.chain }}</td><td>{{ t.process }}</td>
+<td>{{ t.state }}</td><td>{{ t.attempt }}</td><td>{{ t.external_key or "" }}</td><td>{{ when(t.run_at) }}</td>
+<td>{{ when(t.started_at) }}</td><td>{{ when(t.finished_at) }}</td><td class="msg">{{ t.payload }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p id="none">No task on this page.</p>{% endif %}
+{% if next_url %}<p><a id="next" href="{{ next_url }}">Next page</a></p>{% else %}<p id="last">No more tasks.</p>{% endif %}
+{% endblock %}
+""",
     "error.html": """{% extends "base.html" %}
 {% block main %}<p class="warn" id="error">{{ error }}</p>{% endblock %}
 """,
@@ -221,6 +250,7 @@ td.msg { max-width: 48em; white-space: pre-wrap; word-break: break-word; }
 .paused { color: #975a16; font-weight: 600; }
 .notice { background: #e3f6e8; padding: .5em 1.2em; margin: 0; }
 form.inline { display: inline; }
+form.filters { display: flex; gap: 1em; align-items: center; margin: .5em 0 1em; }
 .actions { margin: .5em 0 1em; }
 #chart { background: #fff; border: 1px solid #dde1e8; }
 #chart .ok { stroke: #2b6cb0; fill: none; stroke-width: 2; }
@@ -276,7 +306,7 @@ JS = """
     if (finished.length > MAX) { finished.shift(); failed.shift(); }
     draw();
     var body = document.querySelector("#counts tbody");
-    var states = ["ready", "scheduled", "running", "retrying", "succeeded", "failed", "dead_letter"];
+    var states = ["ready", "scheduled", "running", "retrying", "succeeded", "failed", "cancelled", "dead_letter"];
     if (!body) { return; }
     while (body.firstChild) { body.removeChild(body.firstChild); }
     function row(name, counts, cls) {
