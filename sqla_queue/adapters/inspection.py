@@ -28,7 +28,11 @@ table of millions of finished attempts:
   table of millions costs that much at most, and may come back short with a
   cursor to go on from;
 - the workers holding tasks (:meth:`~InspectionQueries.lease_holders`) read
-  ``ix_processando``.
+  ``ix_processando``;
+- the finished attempts per time bucket (the dashboard's history,
+  :meth:`~InspectionQueries.finished_history`) read a closed range of
+  primary keys: ``finished_at`` has no index, so the caller names the id
+  ranges that may hold recent finishes (``status_counts.ranges_finished_since``).
 
 The task states (:data:`TASK_STATES`) are those ``sqla-queue status``
 counts: one predicate each, :meth:`~InspectionQueries.state_filter`, and
@@ -109,6 +113,8 @@ TASK_STATES = (
 _OPEN_STATES = frozenset({"ready", "scheduled", "running", "retrying"})
 #: those whose index is not in id order: their rows are sorted once read
 _SORTED_STATES = frozenset({"ready", "scheduled", "retrying"})
+#: the most buckets one history statement counts (a day by 15 minutes: 96)
+HISTORY_BUCKETS_MAX = 200
 #: the task list reads the primary key backwards this many ids a statement
 TASK_LIST_WINDOW = 10_000
 #: and at most this many ids a call (a short page then, and a cursor)
@@ -363,6 +369,8 @@ class InspectionQueries:
             .group_by(c.worker_id)
             .order_by(c.worker_id)
         )
+        #: finished_history's statement per number of buckets
+        self._history: dict[int, Any] = {}
 
     # ------------------------------------------------------------ counts
     def open_groups(self, conn: Connection) -> list[Any]:
@@ -519,6 +527,33 @@ class InspectionQueries:
         its lease) and its newest claim."""
         return list(conn.execute(self._lease_holders))
 
+    # ------------------------------------------------------------ history
+    def finished_history(
+        self,
+        conn: Connection,
+        *,
+        low: int,
+        high: int,
+        since: dt.datetime,
+        bucket_seconds: float,
+        buckets: int,
+    ) -> list[Any]:
+        """(bucket, processo, succeeded, failed, cancelled) of the attempts
+        with ids ``low`` to ``high`` (a primary-key range) that finished in
+        one of ``buckets`` buckets of ``bucket_seconds`` from ``since``:
+        ``bucket`` 0 is ``since`` to ``since + bucket_seconds`` (excluded).
+        Attempts, as the throughput counts them: a dead-letter run's too;
+        ``cancelled`` by :func:`cancelled_attempt`, ``failed`` the other
+        ``falha`` and ``falha_processando``. Only groups with an attempt."""
+        if not 1 <= buckets <= HISTORY_BUCKETS_MAX:
+            raise ValueError(f"buckets must be 1 to {HISTORY_BUCKETS_MAX}, not {buckets}")
+        statement = self._history.get(buckets)
+        if statement is None:
+            statement = self._history[buckets] = _history_statement(self.adapter.table.c, buckets)
+        step = dt.timedelta(seconds=bucket_seconds)
+        bounds = {f"b{i}": since + i * step for i in range(buckets + 1)}
+        return list(conn.execute(statement, {"low": low, "high": high, **bounds}))
+
     def task_row(self, conn: Connection, *, task_id: int) -> Any:
         return conn.execute(self._row, {"task_id": task_id}).first()
 
@@ -624,6 +659,47 @@ def _state_filters(c: Any) -> dict[str, ColumnElement[bool]]:
         "cancelled": and_(cancelled_attempt(c), newest, alive),
         "dead_letter": and_(c.dead == true(), c.id_inicial.is_(None)),
     }
+
+
+def _history_statement(c: Any, buckets: int) -> Any:
+    """finished_history's statement for ``buckets`` buckets, bounded by
+    ``b0`` to ``b<buckets>``: the bucket a CASE of the bounds (portable,
+    where epoch arithmetic is each dialect's own), grouped outside a
+    subquery (PostgreSQL binds each parameter apart, so a GROUP BY of an
+    expression of parameters would not match its SELECT)."""
+    at = [bindparam(f"b{i}", type_=UtcDateTime()) for i in range(buckets + 1)]
+    later = [(c.finished_at >= at[i], i) for i in range(buckets - 1, 0, -1)]
+    bucket = case(*later, else_=0) if later else literal_column("0")
+    outcome = case(
+        (status_is(c.status, Status.SUCCEEDED), 0),
+        (cancelled_attempt(c), 2),
+        else_=1,
+    )
+    low, high = bindparam("low", type_=BigInteger), bindparam("high", type_=BigInteger)
+    finished = (
+        select(bucket.label("bucket"), c.processo, outcome.label("outcome"))
+        .where(
+            c.id >= low,
+            c.id <= high,
+            status_is(c.status, *CLOSED_STATUSES),
+            c.finished_at >= at[0],
+            c.finished_at < at[buckets],
+        )
+        .subquery()
+    )
+    f = finished.c
+    return (
+        select(
+            f.bucket,
+            f.processo,
+            *(
+                func.sum(case((f.outcome == code, 1), else_=0)).label(name)
+                for code, name in ((0, "succeeded"), (1, "failed"), (2, "cancelled"))
+            ),
+        )
+        .group_by(f.bucket, f.processo)
+        .order_by(f.bucket, f.processo)
+    )
 
 
 def _paged(found: list[Any], limit: int) -> TaskPage:

@@ -772,7 +772,8 @@ class TaskManager:
             logger.error(
                 "%s exhausted its attempts; it stays %s",
                 task_label(task),
-                failed_status,
+                # the state's English word, not the stored status
+                "rescued (its worker died)" if rescued else "failed",
                 extra=task_fields(task),
             )
             return TASK_FAILED

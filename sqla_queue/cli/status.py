@@ -164,7 +164,11 @@ def _render(status: QueueStatus) -> Group:
     t = status.throughput
     oldest = status.oldest_ready_seconds
     rate = "-" if t.failure_rate is None else f"{t.failure_rate:.1%}"
-    parts.append(_text(f"oldest ready task: {'none' if oldest is None else _age(oldest)}"))
+    line = f"oldest ready task: {'none' if oldest is None else _age(oldest)}"
+    left_out = status.oldest_ready_paused_left_out
+    if left_out:
+        line += f" ({left_out} paused process{'' if left_out == 1 else 'es'} left out)"
+    parts.append(_text(line))
     parts.append(
         _text(
             f"attempts finished in the last {_age(t.window_seconds)}: {t.finished} "
@@ -200,7 +204,7 @@ def _render(status: QueueStatus) -> Group:
                 _text(failure.process),
                 str(failure.attempt),
                 "-" if failure.finished_at is None else _time(failure.finished_at),
-                _text(failure.message),
+                _message(failure.message),
             )
         parts.append(failures)
     if status.periodic:
@@ -252,14 +256,19 @@ def _render_timeline(timeline: Timeline) -> Group:
     from rich.table import Table
 
     key = "" if timeline.external_key is None else f", chave_externa {timeline.external_key}"
-    table = Table(
-        title=_text(
-            f"task {timeline.task_id}: chain {timeline.chain_id} ({timeline.process}{key}), "
-            f"{timeline.state}"
-        ),
-        title_justify="left",
-    )
-    for column in ("kind", "id", "attempt", "status", "run at", "took", "worker"):
+    own = timeline.own_chain_id
+    chain = f"chain {timeline.chain_id}"
+    if own is not None and own != timeline.chain_id:
+        # a dead-letter run's or a requeued chain's id: its own state
+        of = "dead-letter run" if timeline.state == "dead_letter" else "requeued chain"
+        chain = f"{of} {own} of task {timeline.chain_id}"
+    title = f"task {timeline.task_id}: {chain} ({timeline.process}{key}), {timeline.state}"
+    if timeline.requeued and (own is None or own == timeline.chain_id):
+        title += "; requeued as " + ", ".join(
+            f"task {head}: {state}" for head, state in timeline.requeued.items()
+        )
+    table = Table(title=_text(title), title_justify="left")
+    for column in ("kind", "id", "attempt", "state", "run at", "took", "worker"):
         table.add_column(column, no_wrap=True)
     table.add_column("message", ratio=1, min_width=20)
     for row in timeline.rows:
@@ -273,11 +282,11 @@ def _render_timeline(timeline: Timeline) -> Group:
             _text(kind),
             str(row.id),
             str(row.attempt),
-            _text(row.status),
+            _text(row.label),
             "-" if row.run_at is None else _time(row.run_at),
             took,
             _text(row.worker_id or "-"),
-            _text(row.message),
+            _message(row.message),
         )
     parts: list[Any] = [table]
     for row in timeline.rows:
@@ -290,6 +299,18 @@ def _render_timeline(timeline: Timeline) -> Group:
             # a traceback is lines by design: its newlines stay
             parts.append(_text(row.traceback, multiline=True))
     return Group(*parts)
+
+
+def _message(message: str | None) -> Text:
+    """A stored message as stored, with sqla-queue's own fixed texts said
+    in English after it (ops.status.message_gloss): "[retry enqueued]"."""
+    from ..ops.status import message_gloss
+
+    text = _text(message)
+    gloss = message_gloss(message)
+    if gloss is not None:
+        text.append(f" [{gloss}]", style="dim")
+    return text
 
 
 def _n(value: int) -> str:
@@ -465,6 +486,7 @@ def dashboard(
             subscriber_model=getattr(cls, "subscriber_model", None),
             config=config,
             periodic=cls.periodic,
+            worker=cls,
         )
         mode = "read-only, no login" if config.read_only else "login required"
         shown = f"[{host}]" if ":" in host else host

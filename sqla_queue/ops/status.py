@@ -19,7 +19,29 @@ cancelled     ``falha`` with ``mensagem`` "Tarefa cancelada pelo operador."
 ============  ===========================================================
 
 ``dead_letter`` counts the dead-letter runs (rows with ``dead`` true and no
-``id_inicial``, whatever became of them). The same definitions serve
+``id_inicial``, whatever became of them). A timeline's ``state`` is that of
+the chain the id asked for belongs to (a requeued chain's own, a dead-letter
+run's ``dead_letter``), and each of its rows says what became of that one
+attempt, in English (:data:`ATTEMPT_STATES`, :func:`attempt_state`), beside
+the stored ``status``:
+
+============  ===========================================================
+attempt       stored values
+============  ===========================================================
+ready         ``pendente``
+scheduled     ``agendada``
+running       ``processando``
+succeeded     ``sucesso``
+retried       ``falha`` and ``reenfileirado``: a retry followed it
+failed        ``falha``, no retry after it
+cancelled     ``falha`` with the cancellation's ``mensagem``
+rescued       ``falha_processando``: its worker died (the rescue failed it)
+============  ===========================================================
+
+A dead-letter run's attempt is shown as "dead-letter run succeeded" (and
+so on), never as a bare success (:attr:`Attempt.label`). The oldest ready
+task leaves out the tasks of paused processes (``client/pause.py``): they
+wait on purpose. The same definitions serve
 ``sqla-queue status``, the metrics and the dashboard (docs/operations.md).
 Every chain is in exactly one state, so a process's states add up to its
 tasks. The throughput counts attempts, not tasks: the attempts that
@@ -31,7 +53,7 @@ the finished ones, dead-letter runs' attempts among them).
     status = queue_status(engine, Task)          # or a Session, a Connection
     status.totals.ready, status.processes["faturar"].failed
     status.as_json()                             # what `status --json` prints
-    task_timeline(session, Task, 41).attempts    # one chain, every attempt
+    task_timeline(session, Task, 41).rows        # one chain, every attempt
 
 Everything here reads; nothing writes or locks. The texts are the stored
 ones, as they are: a presentation escapes what a terminal would act on
@@ -55,7 +77,7 @@ from sqlalchemy.orm import Session
 
 from ..adapters import Adapter, adapter_of
 from ..adapters.base import LockHolder, TableHealth
-from ..adapters.inspection import TASK_STATES, InspectionQueries
+from ..adapters.inspection import TASK_STATES, InspectionQueries, task_state
 from ..adapters.locks import routine_key
 from ..client.pause import paused_processes
 from ..client.queue import resolve_table
@@ -65,10 +87,11 @@ from ..maintenance import ROUTINES
 from ..maintenance.periodic import Periodic, last_runs, next_runs
 from ..schema.configuration_table import configuration_table_of
 from ..schema.mixins import QueueMixin, Status
-from ..schema.rows import CANCELLED_MESSAGE
+from ..schema.rows import CANCELLED_MESSAGE, MESSAGE_GLOSSES, SUFFIX_GLOSSES
 from . import status_counts as status_summary
 
 __all__ = [
+    "ATTEMPT_STATES",
     "HORIZON_WARN_SECONDS",
     "STATES",
     "Attempt",
@@ -80,8 +103,10 @@ __all__ = [
     "RunningTask",
     "Throughput",
     "Timeline",
+    "attempt_state",
     "dead_letter",
     "describe_age",
+    "message_gloss",
     "queue_status",
     "recent_copies",
     "task_timeline",
@@ -89,6 +114,17 @@ __all__ = [
 
 #: the chain states and the dead letter, in the order they are shown
 STATES = TASK_STATES
+#: what became of one attempt (a timeline's row: :func:`attempt_state`)
+ATTEMPT_STATES = (
+    "ready",
+    "scheduled",
+    "running",
+    "succeeded",
+    "retried",
+    "failed",
+    "cancelled",
+    "rescued",
+)
 #: a snapshot held this long is reported as holding back the vacuum
 HORIZON_WARN_SECONDS = 60.0
 
@@ -216,7 +252,8 @@ class QueueStatus:
     #: per tenant (empty when no task has a tenant): its totals, and per process
     tenants: dict[str, Counts]
     tenant_processes: dict[str, dict[str, Counts]]
-    #: age of the oldest ready task (None: nothing is ready)
+    #: age of the oldest ready task, paused processes' left out (None:
+    #: nothing is ready)
     oldest_ready_seconds: float | None
     throughput: Throughput
     throughput_by_process: dict[str, Throughput]
@@ -232,6 +269,8 @@ class QueueStatus:
     #: the routine locks held now, by whom (where the database can say:
     #: PostgreSQL, MariaDB/MySQL; docs/lifecycle.md#network-partitions)
     routine_locks: list[LockHolder] = dataclasses.field(default_factory=list)
+    #: the paused processes with ready tasks: left out of oldest_ready_seconds
+    oldest_ready_paused_left_out: int = 0
 
     def as_json(self) -> dict[str, Any]:
         """What ``sqla-queue status --json`` and ``GET /api/status`` give."""
@@ -240,6 +279,7 @@ class QueueStatus:
             "processes": {name: counts.as_dict() for name, counts in self.processes.items()},
             "totals": self.totals.as_dict(),
             "oldest_ready_seconds": self.oldest_ready_seconds,
+            "oldest_ready_paused_left_out": self.oldest_ready_paused_left_out,
             "tenants": {
                 tenant: {
                     "totals": counts.as_dict(),
@@ -292,12 +332,27 @@ class Attempt:
     message: str | None
     #: a failed attempt's traceback (error_traceback), else None
     traceback: str | None = None
+    #: what became of this attempt, in English (:data:`ATTEMPT_STATES`;
+    #: None: a status sqla-queue does not write)
+    state: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The attempt's state for a person: "dead-letter run succeeded"
+        for a dead-letter run's (never a bare success), the stored status
+        when there is no English word for it."""
+        word = self.state or self.status or "-"
+        return f"dead-letter run {word}" if self.dead else word
 
 
 @dataclass(frozen=True)
 class Timeline:
     """A task's chain, its dead-letter runs, the chains requeued from them,
-    and the copies it published, each oldest first."""
+    and the copies it published, each oldest first. ``chain_id``: the
+    task's first attempt, whichever of the family's ids was asked for;
+    ``state``: the state (:data:`STATES`) of the chain the asked id belongs
+    to, ``own_chain_id`` (a requeued chain's own, ``dead_letter`` for a
+    dead-letter run's)."""
 
     task_id: int
     chain_id: int
@@ -306,6 +361,10 @@ class Timeline:
     rows: list[Attempt] = field(default_factory=list)
     #: the task's chave_externa (of the row whose id was asked for)
     external_key: str | None = None
+    #: the first id of the chain whose state ``state`` is (None: chain_id)
+    own_chain_id: int | None = None
+    #: the chains requeued from its dead-letter runs: first id, state
+    requeued: dict[int, str] = field(default_factory=dict)
 
     def of_kind(self, kind: str) -> list[Attempt]:
         return [row for row in self.rows if row.kind == kind]
@@ -317,6 +376,10 @@ class Timeline:
             "state": self.state,
             "process": self.process,
             "external_key": self.external_key,
+            "own_chain_id": self.chain_id if self.own_chain_id is None else self.own_chain_id,
+            "requeued": [
+                {"chain_id": chain, "state": state} for chain, state in self.requeued.items()
+            ],
             "rows": [_jsonable(dataclasses.asdict(row)) for row in self.rows],
         }
 
@@ -391,13 +454,18 @@ def queue_status(
     processes: dict[str, Counts] = {}
     tenant_processes: dict[str, dict[str, Counts]] = {}
     oldest: dt.datetime | None = None
+    # a paused process's tasks wait on purpose: not the oldest ready one
+    paused_waiting: set[str] = set()
     for row in open_groups:
         state = _open_state(row)
         if state is None:
             continue
         _count(processes, tenant_processes, row, state, row.n)
         if state == "ready" and row.oldest is not None:
-            oldest = row.oldest if oldest is None else min(oldest, row.oldest)
+            if _name(row.processo) in paused:
+                paused_waiting.add(_name(row.processo))
+            else:
+                oldest = row.oldest if oldest is None else min(oldest, row.oldest)
     recent: dict[str, list[int]] = {}
     for row in closed_groups:
         state = _closed_state(row)
@@ -444,6 +512,7 @@ def queue_status(
         paused=paused,
         periodic=next_runs(periodic, runs, now),
         routine_locks=lock_holders,
+        oldest_ready_paused_left_out=len(paused_waiting),
     )
 
 
@@ -476,15 +545,26 @@ def task_timeline(bind: Bind, queue: Queue, task_id: int) -> Timeline:
     rows += [_attempt("dead_letter" if r.dead else "requeued", r) for r in related]
     rows += [_attempt("copy", r) for r in copies]
     rows.sort(key=lambda item: item.id)
-    newest = next((r for r in reversed(own) if not r.reenfileirado), own[-1] if own else row)
-    state = _state_of(newest.status, newest.tentativa, newest.mensagem) or "unknown"
+    # the state of the asked row's chain: the task's own, a dead-letter
+    # run's or a requeued chain's (each counted apart by queue_status)
+    own_chain = row.id_inicial or row.id
+    chains: dict[int, list[Any]] = {}
+    for r in sorted(family, key=lambda r: r.id):
+        chains.setdefault(r.id_inicial or r.id, []).append(r)
+    requeued = {
+        head: _chain_state(chains[head])
+        for head in sorted(chains)
+        if head != key and not chains[head][0].dead
+    }
     return Timeline(
         task_id=task_id,
         chain_id=key,
-        state=state,
+        state=_chain_state(chains.get(own_chain) or [row]),
         process=row.processo,
         rows=rows,
         external_key=row.chave_externa,
+        own_chain_id=own_chain,
+        requeued=requeued,
     )
 
 
@@ -520,6 +600,46 @@ def recent_copies(bind: Bind, queue: Queue, *, limit: int = 50) -> list[Attempt]
     with _connection(bind) as conn:
         rows = _inspection(conn, table).newest_copies(conn, limit=limit)
     return [_attempt("copy", row) for row in rows]
+
+
+def attempt_state(status: str | None, message: str | None, requeued: bool | None) -> str | None:
+    """What became of one attempt (:data:`ATTEMPT_STATES`), from its
+    ``status``, ``mensagem`` and ``reenfileirado``; None for a status
+    sqla-queue does not write."""
+    if status == _PENDING:
+        return "ready"
+    if status == _SCHEDULED:
+        return "scheduled"
+    if status == _PROCESSING:
+        return "running"
+    if status == _SUCCEEDED:
+        return "succeeded"
+    if status == Status.FAILED_PROCESSING.value:
+        return "rescued"
+    if status == Status.FAILED.value:
+        if requeued:
+            return "retried"
+        return "cancelled" if message == CANCELLED_MESSAGE else "failed"
+    return None
+
+
+def message_gloss(message: str | None) -> str | None:
+    """sqla-queue's own fixed ``mensagem`` texts (schema/rows.py) in
+    English, for a person: a whole text, or an error followed by one of
+    the failure suffixes (the error itself is left as it is). None for any
+    other text (a handler's own message, an error alone)."""
+    if not message:
+        return None
+    text = message.strip()
+    if text in MESSAGE_GLOSSES:
+        return MESSAGE_GLOSSES[text]
+    for suffix, gloss in SUFFIX_GLOSSES.items():
+        # failure_message drops the suffix's period after an error's own
+        bare = suffix.removeprefix(".")
+        if text.endswith(bare):
+            cause = MESSAGE_GLOSSES.get(text[: -len(bare)].rstrip().removesuffix("."))
+            return gloss if cause is None else f"{cause}; {gloss}"
+    return None
 
 
 def describe_age(seconds: float | None) -> str:
@@ -589,6 +709,18 @@ def _state_of(status: str | None, attempt: int | None, message: str | None = Non
     if status in _FAILED:
         return "failed"
     return None
+
+
+def _chain_state(chain: Sequence[Any]) -> str:
+    """The state of a chain (its rows, oldest first) as queue_status counts
+    it: a dead-letter run's, ``dead_letter``; else its newest attempt's,
+    the one no retry followed (adapters/inspection.task_state)."""
+    head = chain[0]
+    if head.dead:
+        return task_state(head) or "unknown"
+    newest = next((r for r in reversed(chain) if not r.reenfileirado), chain[-1])
+    state = task_state(newest) or _state_of(newest.status, newest.tentativa, newest.mensagem)
+    return state or "unknown"
 
 
 def _open_state(row: Any) -> str | None:
@@ -668,6 +800,7 @@ def _attempt(kind: str, row: Any) -> Attempt:
         worker_id=row.worker_id,
         message=row.mensagem,
         traceback=getattr(row, "error_traceback", None),
+        state=attempt_state(row.status, row.mensagem, getattr(row, "reenfileirado", None)),
     )
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "ClosedGroup",
     "closed_groups",
     "forget_all",
+    "ranges_finished_since",
     "status_table",
 ]
 
@@ -186,6 +187,28 @@ def closed_groups(
         engine, before = conn.engine, kept
         _pending[key] = lambda: _save(engine, queries, store, covered, ranges, now_epoch, before)
     return found
+
+
+def ranges_finished_since(
+    conn: Connection, queries: InspectionQueries, *, since: dt.datetime, now: dt.datetime
+) -> list[tuple[int, int]]:
+    """The id ranges (low, high) that may hold attempts finished at or
+    after ``since``: those :func:`closed_groups` (called first, with the
+    same rules) found a finish in, and the newest, not kept. Write the
+    counts after with :func:`save_counted`. The dashboard's history reads
+    only these instead of every finished attempt."""
+    closed_groups(conn, queries, since=since, now=now)
+    kept = _kept.get(_key(conn, queries))
+    low, high = queries.id_bounds(conn)
+    if kept is None or low is None or high is None:
+        return []
+    after = since.timestamp()
+    found = [
+        (k * CHUNK_IDS, (k + 1) * CHUNK_IDS - 1)
+        for k, r in sorted(kept.ranges.items())
+        if r.finished is not None and r.finished >= after
+    ]
+    return [*found, (max(low, (kept.covered + 1) * CHUNK_IDS), high)]
 
 
 #: the counts a call will write once its reads are over (save_counted)

@@ -20,12 +20,14 @@ from .records import TaskRecord
 __all__ = [
     "CANCELLED_MESSAGE",
     "EXHAUSTED_SUFFIX",
+    "MESSAGE_GLOSSES",
     "NO_RETRY_SUFFIX",
     "NO_SUBSCRIBERS_MESSAGE",
     "PUBLISHED_MESSAGE",
     "RESCUED_ERROR",
     "RETRY_SUFFIX",
     "SUCCESS_MESSAGE",
+    "SUFFIX_GLOSSES",
     "carried_columns",
     "dead_letter_row",
     "failure_message",
@@ -51,6 +53,22 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 #: a waiting task an operator cancelled (``sqla-queue cancel``); its status
 #: is ``falha`` with ``estouro_tentativas`` false: finished, not dead-lettered
 CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
+
+#: what the texts above say, in English, for a person reading them
+#: (``sqla-queue status`` shows it beside the stored text, which stays as
+#: it is): whole messages, then the suffixes after a failure's error
+MESSAGE_GLOSSES = {
+    SUCCESS_MESSAGE: "completed successfully",
+    RESCUED_ERROR: "unknown processing failure (the processing stopped suddenly)",
+    PUBLISHED_MESSAGE: "published to the subscribers",
+    NO_SUBSCRIBERS_MESSAGE: "no subscriber configured: discarded, nothing done",
+    CANCELLED_MESSAGE: "cancelled by the operator",
+}
+SUFFIX_GLOSSES = {
+    RETRY_SUFFIX: "retry enqueued",
+    EXHAUSTED_SUFFIX: "maximum attempts reached",
+    NO_RETRY_SUFFIX: "failed with no retry: sent to the dead letter",
+}
 
 
 def failure_message(error: str, suffix: str) -> str:

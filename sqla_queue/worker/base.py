@@ -170,7 +170,10 @@ class WorkerBase(abc.ABC):
             f"Tarefa com ID {task.live_id} excedeu o número de tentativas, sem sucesso. "
             "Será necessária intervenção manual."
         )
-        logger.warning(message)
+        # the stored text stays the seed's; the log line is for a person
+        logger.warning(
+            "task %s exhausted its attempts without success: it needs a person", task.live_id
+        )
         return message
 
     def dispatch(self, task: TaskRecord, session: Session) -> str | None:

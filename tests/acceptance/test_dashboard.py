@@ -75,6 +75,7 @@ def serving(
     clock: Callable[[], float] | None = None,
     subscriber_model: Any = None,
     tls: tuple[Path, Path] | None = None,
+    worker: Any = None,
     **config: Any,
 ) -> Iterator[str]:
     """The dashboard on a free port of 127.0.0.1, in a thread; its base URL.
@@ -82,6 +83,8 @@ def serving(
     given); ``tls``: a certificate and its key (HTTPS)."""
     config.setdefault("password", PASSWORD)
     options: dict[str, Any] = {} if clock is None else {"clock": clock}
+    if worker is not None:
+        options["worker"] = worker
     web = create_app(
         engine,
         model.Task if hasattr(model, "Task") else model,
@@ -234,7 +237,8 @@ def test_a_dead_task_is_requeued_from_the_page_and_then_runs(
         ]
         assert kinds == ["attempt", "dead_letter", "requeued"]
         browser.get(f"{base}/tasks/{new_id}")
-        assert browser.find_element(By.ID, "state").text == "failed"  # the family's own chain
+        # the requeued task's page: its own chain's state, not its family's
+        assert browser.find_element(By.ID, "state").text == "succeeded"
         rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tr.requeued td")
         assert "sucesso" in [cell.text for cell in rows]
         # a second requeue of the same dead task is refused

@@ -1492,3 +1492,52 @@ def test_every_method_of_the_adapters_parts_has_a_conformance_test() -> None:
     assert untested == [], (
         f"methods of the adapter's parts no test of tests/adapters/ calls: {untested}"
     )
+
+
+def test_finished_history_counts_attempts_per_bucket_process_and_outcome(
+    contract: Contract,
+) -> None:
+    """Rows finished at chosen minutes land in their buckets; open rows, rows
+    outside the window and ids outside the range are not counted."""
+    inspection = contract.adapter.inspection
+    table = contract.adapter.table
+    since = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.timezone.utc)
+    rows = [  # (process, status, message, finished: minutes after since)
+        ("a", "sucesso", SUCCESS_MESSAGE, 0),
+        ("a", "sucesso", SUCCESS_MESSAGE, 0.99),
+        ("a", "falha", "boom", 0.5),
+        ("b", "falha", CANCELLED_MESSAGE, 0.2),
+        ("b", "falha_processando", "lost", 2),
+        ("a", "sucesso", SUCCESS_MESSAGE, 4.999),
+        ("a", "sucesso", SUCCESS_MESSAGE, 5),  # the window's end: out
+        ("a", "sucesso", SUCCESS_MESSAGE, -0.01),  # before it: out
+        ("a", "pendente", None, None),
+    ]
+    with contract.engine.begin() as conn:
+        ids = []
+        for process, status, message, minutes in rows:
+            task_id = contract.insert(conn, processo=process)
+            finished = None if minutes is None else since + dt.timedelta(minutes=minutes)
+            _set(conn, table, task_id, status=status, mensagem=message, finished_at=finished)
+            ids.append(task_id)
+    with contract.engine.connect() as conn:
+        found = inspection.finished_history(
+            conn, low=ids[0], high=ids[-1], since=since, bucket_seconds=60, buckets=5
+        )
+        assert [tuple(int(v) if k != 1 else v for k, v in enumerate(r)) for r in found] == [
+            (0, "a", 2, 1, 0),
+            (0, "b", 0, 0, 1),
+            (2, "b", 0, 1, 0),
+            (4, "a", 1, 0, 0),
+        ]
+        # a range of ids: the first three rows only; one bucket: the window
+        assert [
+            (int(r.bucket), r.processo, int(r.succeeded), int(r.failed))
+            for r in inspection.finished_history(
+                conn, low=ids[0], high=ids[2], since=since, bucket_seconds=300, buckets=1
+            )
+        ] == [(0, "a", 2, 1)]
+        with pytest.raises(ValueError, match="buckets"):
+            inspection.finished_history(
+                conn, low=0, high=1, since=since, bucket_seconds=60, buckets=0
+            )

@@ -26,11 +26,12 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, TaskNotFoundError, TaskStateError
 from sqla_queue.adapters import adapter_for
 from sqla_queue.adapters.locks import routine_key
+from sqla_queue.client.pause import pause, resume
 from sqla_queue.common.redaction import escape_controls, escape_json_line
 from sqla_queue.common.types import utcnow
 from sqla_queue.config.settings import Settings
 from sqla_queue.maintenance import routine_lock_for
-from sqla_queue.ops.status import STATES, queue_status, task_timeline
+from sqla_queue.ops.status import STATES, message_gloss, queue_status, task_timeline
 from sqla_queue.schema.mixins import channel_of
 from sqla_queue.testing import run_until_empty
 from sqla_queue.worker import Runner
@@ -258,17 +259,19 @@ def test_timeline_shows_every_attempt_the_dead_letter_run_and_the_requeued_chain
     engine: Engine, app: App, installed: None
 ) -> None:
     ids = build_history(engine, app)
-    # any of the family's ids gives the same timeline
-    for task_id in (ids["exhausted"], ids["requeued"]):
+    # any of the family's ids gives the same timeline; its state is that of
+    # the chain the id belongs to: the task's own, or the requeued one's
+    for task_id, state in ((ids["exhausted"], "failed"), (ids["requeued"], "ready")):
         timeline = task_timeline(engine, app.Task, task_id)
         assert timeline.chain_id == ids["exhausted"]
-        assert timeline.state == "failed"
-        kinds = [(row.kind, row.attempt, row.status) for row in timeline.rows]
+        assert timeline.state == state
+        assert timeline.requeued == {ids["requeued"]: "ready"}
+        kinds = [(row.kind, row.attempt, row.status, row.state) for row in timeline.rows]
         assert kinds == [
-            ("attempt", 1, "falha"),
-            ("attempt", 2, "falha"),
-            ("dead_letter", 1, "sucesso"),
-            ("requeued", 1, "pendente"),
+            ("attempt", 1, "falha", "retried"),
+            ("attempt", 2, "falha", "failed"),
+            ("dead_letter", 1, "sucesso", "succeeded"),
+            ("requeued", 1, "pendente", "ready"),
         ]
         assert "Máximo de tentativas" in (timeline.rows[1].message or "")
         assert all(row.worker_id for row in timeline.rows[:3])
@@ -280,6 +283,202 @@ def test_timeline_shows_every_attempt_the_dead_letter_run_and_the_requeued_chain
     assert rescued.state == "retrying"
     with pytest.raises(TaskNotFoundError, match="no task 987654321"):
         task_timeline(engine, app.Task, 987654321)
+
+
+# ------------------------------------------------------------ English states
+def english_history(engine: Engine, app: App) -> dict[str, int]:
+    """build_history's queue, and: a task that failed once then succeeded
+    on its retry ("flaky"), and the chain requeued from the dead letter
+    claimed by a worker (running)."""
+    ids = build_history(engine, app)
+
+    class Flaky(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"flaky"})
+
+        def execute(self, payload: Any, task: Any, session: Any) -> str | None:
+            if task.attempt == 1:
+                raise RuntimeError("first attempt fails")
+            return None
+
+    class Billing(app.RecordingWorker):  # type: ignore[name-defined,misc]
+        processes = frozenset({"faturar"})
+
+    with Session(engine) as session:
+        flaky = app.Task(process="flaky", payload={"n": 1})
+        session.add(flaky)
+        session.flush()
+        ids["flaky"] = flaky.id
+        outcome = run_until_empty(Flaky, session)
+        assert (outcome.succeeded, outcome.failed) == (1, 1)
+        session.commit()
+    billing = runner(Billing, engine)
+    with billing.adapter.connect_claim(engine) as claim:
+        assert [task.id for task in billing.manager.claim(claim, limit=1)] == [ids["requeued"]]
+    return ids
+
+
+STORED = {"pendente", "agendada", "processando", "sucesso", "falha", "falha_processando"}
+
+
+def test_timeline_says_in_english_what_became_of_each_attempt(
+    engine: Engine, app: App, installed: None
+) -> None:
+    ids = english_history(engine, app)
+
+    def seen(task_id: int) -> tuple[str, list[tuple[str | None, str | None, str]]]:
+        timeline = task_timeline(engine, app.Task, task_id)
+        return timeline.state, [(row.status, row.state, row.label) for row in timeline.rows]
+
+    # a retry then a success
+    assert seen(ids["flaky"]) == (
+        "succeeded",
+        [("falha", "retried", "retried"), ("sucesso", "succeeded", "succeeded")],
+    )
+    flaky = task_timeline(engine, app.Task, ids["flaky"])
+    assert message_gloss(flaky.rows[0].message) == "retry enqueued"
+    assert (flaky.rows[0].message or "").endswith("Tarefa reenfileirada.")  # as stored
+    # a cancelled task
+    assert seen(ids["ready"]) == ("cancelled", [("falha", "cancelled", "cancelled")])
+    # the exhausted task: its dead-letter run never reads as a bare success;
+    # the chain requeued from it runs
+    assert seen(ids["exhausted"]) == (
+        "failed",
+        [
+            ("falha", "retried", "retried"),
+            ("falha", "failed", "failed"),
+            ("sucesso", "succeeded", "dead-letter run succeeded"),
+            ("processando", "running", "running"),
+        ],
+    )
+    exhausted = task_timeline(engine, app.Task, ids["exhausted"])
+    assert exhausted.requeued == {ids["requeued"]: "running"}
+    assert message_gloss(exhausted.rows[1].message) == "maximum attempts reached"
+    # asked by the requeued chain's id: its own state, running
+    requeued = task_timeline(engine, app.Task, ids["requeued"])
+    assert (requeued.state, requeued.chain_id, requeued.own_chain_id) == (
+        "running",
+        ids["exhausted"],
+        ids["requeued"],
+    )
+    # asked by the dead-letter run's id: the dead-letter run's chain
+    dead = next(row.id for row in exhausted.rows if row.kind == "dead_letter")
+    assert task_timeline(engine, app.Task, dead).state == "dead_letter"
+    # a rescued attempt, its retry waiting out its backoff
+    assert seen(ids["rescued"]) == (
+        "retrying",
+        [("falha_processando", "rescued", "rescued"), ("agendada", "scheduled", "scheduled")],
+    )
+    rescued = task_timeline(engine, app.Task, ids["rescued"])
+    assert message_gloss(rescued.rows[0].message) == (
+        "unknown processing failure (the processing stopped suddenly); retry enqueued"
+    )
+    # the JSON keeps the stored status and adds the English state beside it
+    data = exhausted.as_json()
+    assert [(row["status"], row["state"]) for row in data["rows"]] == [
+        ("falha", "retried"),
+        ("falha", "failed"),
+        ("sucesso", "succeeded"),
+        ("processando", "running"),
+    ]
+    assert data["requeued"] == [{"chain_id": ids["requeued"], "state": "running"}]
+    assert json.loads(json.dumps(data)) == data
+
+
+def test_the_oldest_ready_task_leaves_out_paused_processes(
+    engine: Engine, app: App, installed: None
+) -> None:
+    now = utcnow()
+    with Session(engine) as session:
+        session.add_all(
+            [
+                app.Task(process="parado", payload={"n": 1}, run_at=now - dt.timedelta(hours=2)),
+                app.Task(process="ativo", payload={"n": 2}, run_at=now - dt.timedelta(minutes=10)),
+            ]
+        )
+        session.commit()
+    status = queue_status(engine, app.Task, now=now)
+    assert 7100 < (status.oldest_ready_seconds or 0) < 7300
+    assert status.oldest_ready_paused_left_out == 0
+    with engine.begin() as conn:
+        pause(conn, app.Task, ["parado"])
+    status = queue_status(engine, app.Task, now=now)
+    # the paused process's task is still counted as ready, not as the oldest
+    assert status.processes["parado"].ready == 1
+    assert 500 < (status.oldest_ready_seconds or 0) < 700
+    assert status.oldest_ready_paused_left_out == 1
+    assert status.as_json()["oldest_ready_paused_left_out"] == 1
+    with engine.begin() as conn:
+        pause(conn, app.Task, ["ativo"])
+    status = queue_status(engine, app.Task, now=now)
+    assert (status.oldest_ready_seconds, status.oldest_ready_paused_left_out) == (None, 2)
+    with engine.begin() as conn:
+        resume(conn, app.Task, ["parado", "ativo"])
+    status = queue_status(engine, app.Task, now=now)
+    assert 7100 < (status.oldest_ready_seconds or 0) < 7300
+    assert status.oldest_ready_paused_left_out == 0
+
+
+def cells(output: str) -> list[list[str]]:
+    """A rich table's rows as their cells (borders dropped; the lines a
+    long message wraps onto, with no id, left out)."""
+    found = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in output.splitlines()
+        if line.count("│") > 2
+    ]
+    return [row for row in found if row[1].isdigit()]
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
+def test_status_shows_english_states_and_leaves_out_paused_processes(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    ids = english_history(engine, app)
+    table = app.Task.__tablename__
+    worker = ["tests.support.app:RecordingWorker", "--url", db_url]
+
+    def timeline(task_id: int) -> str:
+        done = cli("status", *worker, "--task", str(task_id), table=table)
+        assert done.returncode == 0, done.stderr
+        # no state column shows a stored status
+        assert not [row for row in cells(done.stdout) if STORED & set(row)], done.stdout
+        return done.stdout
+
+    shown = timeline(ids["exhausted"])
+    assert f"task {ids['exhausted']}: chain {ids['exhausted']} (faturar), failed; " in shown
+    assert f"requeued as task {ids['requeued']}: running" in shown
+    states = [row[3] for row in cells(shown)]
+    assert states == ["retried", "failed", "dead-letter run succeeded", "running"]
+    # the stored texts, each with its English after it (a cell may wrap)
+    assert "always. Tarefa reenfileirada. [retry enqueued]" in shown
+    assert "always. Máximo de tentativas atingido. [maximum attempts" in shown
+    shown = timeline(ids["requeued"])
+    assert (
+        f"task {ids['requeued']}: requeued chain {ids['requeued']} of task "
+        f"{ids['exhausted']} (faturar), running"
+    ) in shown
+    shown = timeline(ids["flaky"])
+    assert f"chain {ids['flaky']} (flaky), succeeded" in shown
+    assert "Tarefa reenfileirada. [retry enqueued]" in shown
+    shown = timeline(ids["ready"])
+    assert "Tarefa cancelada pelo operador. [cancelled by the operator]" in shown
+    assert [row[3] for row in cells(shown)] == ["cancelled"]
+
+    data = json.loads(
+        cli("status", *worker, "--task", str(ids["rescued"]), "--json", table=table).stdout
+    )
+    assert [(row["status"], row["state"]) for row in data["rows"]] == [
+        ("falha_processando", "rescued"),
+        ("agendada", "scheduled"),
+    ]
+    assert data["state"] == "retrying"
+
+    # relatorio holds the only ready tasks: paused, none is the oldest
+    with engine.begin() as conn:
+        pause(conn, app.Task, ["relatorio"])
+    done = cli("status", *worker, table=table)
+    assert done.returncode == 0, done.stderr
+    assert "oldest ready task: none (1 paused process left out)" in done.stdout
 
 
 # ------------------------------------------------------------ acting

@@ -23,7 +23,8 @@ The JSON API (docs/operations.md, "The dashboard"): ``GET /api/status``
 (what ``sqla-queue status --json`` prints), ``GET /api/tasks`` (the tasks,
 newest first, by state, process, external key and id range, a page at a
 time behind an opaque cursor), ``GET /api/tasks/ID`` (a task's timeline
-and payload), ``GET /api/workers`` (the workers holding tasks). Payloads
+and payload), ``GET /api/workers`` (the workers holding tasks), ``GET /api/history``
+(attempts finished per minute, or per 15 minutes, and process: :mod:`.history`). Payloads
 are shown with their secrets masked (``redact_json``). A bad query
 parameter answers 400 with ``{"error": "..."}``.
 """
@@ -37,7 +38,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -50,7 +51,13 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
 
 from ...adapters import adapter_of
@@ -72,6 +79,7 @@ from ..status import (
 )
 from .assets import CSS, JS, TEMPLATES
 from .auth import DashboardSession, LoginThrottle, SessionStore
+from .history import WINDOWS, chart, finished_history
 
 __all__ = ["COOKIE", "LOCAL_HOSTS", "DashboardConfig", "allowed_hosts", "create_app"]
 
@@ -111,6 +119,10 @@ _BAD_CSRF = "CSRF token missing or wrong (reload the page)"
 #: tasks a page of ``/api/tasks`` holds: ``limit``'s bounds and default
 TASK_PAGE = Range(1, 500, integer=True)
 DEFAULT_TASK_PAGE = 50
+#: the most tasks one bulk action acts on (a filter matching more: the newest)
+BULK_MAX = 1_000
+#: the most pages of the task list a bulk action's filter reads
+BULK_PAGES_MAX = 200
 
 
 @dataclass(frozen=True)
@@ -156,10 +168,13 @@ def create_app(
     config: DashboardConfig | None = None,
     periodic: Sequence[Any] = (),
     clock: Callable[[], float] = time.monotonic,
+    worker: Any = None,
 ) -> Starlette:
     """The dashboard of ``model``'s queue table on ``engine``. ``clock``
-    (seconds) times sessions and login lockouts. Raises ConfigurationError
-    as :meth:`DashboardConfig.check` does."""
+    (seconds) times sessions and login lockouts; ``worker``, the worker
+    class, names the limits the processes page shows (its
+    ``concurrency_limits``, ``rate_limits``, ``fair_by``). Raises
+    ConfigurationError as :meth:`DashboardConfig.check` does."""
     config = config or DashboardConfig()
     config.check()
     hosts = allowed_hosts(config.allowed_hosts)
@@ -227,11 +242,15 @@ def create_app(
         )
 
     def overview(request: Request) -> Response:
+        window = request.query_params.get("window") or "hour"
+        if window not in WINDOWS:
+            return page(request, "error.html", 400, error=_bad_window(window))
         status = queue_status(
             engine, queue, window_seconds=config.window_seconds, periodic=periodic
         )
         data = status.as_json()
         oldest = status.oldest_ready_seconds
+        history = finished_history(engine, table, window=window)
         return page(
             request,
             "overview.html",
@@ -239,7 +258,24 @@ def create_app(
             status=_StatusView(status, data),
             oldest="none" if oldest is None else describe_age(oldest),
             window=describe_age(config.window_seconds),
+            windows=list(WINDOWS),
+            history=history,
+            chart=chart(history),
         )
+
+    def chart_svg(request: Request) -> Response:
+        window = request.query_params.get("window") or "hour"
+        if window not in WINDOWS:
+            return PlainTextResponse(_bad_window(window), status_code=400)
+        history = finished_history(engine, table, window=window)
+        svg = env.get_template("chart.svg").render(history=history, chart=chart(history))
+        return Response(svg, media_type="image/svg+xml")
+
+    def api_history(request: Request) -> Response:
+        window = request.query_params.get("window") or "hour"
+        if window not in WINDOWS:
+            return JSONResponse({"error": _bad_window(window)}, status_code=400)
+        return JSONResponse(finished_history(engine, table, window=window).as_json())
 
     def task(request: Request) -> Response:
         task_id = _task_id(request.path_params["task_id"])
@@ -333,6 +369,7 @@ def create_app(
             filters=asked,
             next_url=next_url,
             task_states=TASK_STATES,
+            bulk_max=BULK_MAX,
         )
 
     def api_tasks(request: Request) -> Response:
@@ -348,22 +385,58 @@ def create_app(
             }
         )
 
-    def api_workers(request: Request) -> Response:
+    def lease_holders() -> list[dict[str, Any]]:
         adapter = adapter_of(engine.dialect, table, task_locks=False)
         with engine.connect() as conn:
             holders = adapter.inspection.lease_holders(conn)
         lease = dt.timedelta(seconds=config.lease_seconds)
-        return JSONResponse(
+        return [
             {
-                "workers": [
-                    {
-                        "worker_id": row.worker_id,
-                        "tasks": int(row.tasks),
-                        "last_heartbeat": _iso(_last_heartbeat(row, lease)),
-                    }
-                    for row in holders
-                ]
+                "worker_id": row.worker_id,
+                "tasks": int(row.tasks),
+                "last_heartbeat": _last_heartbeat(row, lease),
             }
+            for row in holders
+        ]
+
+    def api_workers(request: Request) -> Response:
+        shown = [{**w, "last_heartbeat": _iso(w["last_heartbeat"])} for w in lease_holders()]
+        return JSONResponse({"workers": shown})
+
+    def workers(request: Request) -> Response:
+        now = dt.datetime.now(dt.timezone.utc)
+        found = [
+            {
+                **w,
+                "ago": None
+                if w["last_heartbeat"] is None
+                else describe_age(max(0.0, (now - w["last_heartbeat"]).total_seconds())),
+            }
+            for w in lease_holders()
+        ]
+        return page(request, "workers.html", workers=found)
+
+    def processes(request: Request) -> Response:
+        status = queue_status(
+            engine, queue, window_seconds=config.window_seconds, periodic=periodic
+        )
+        data = status.as_json()
+        shown = [
+            {
+                "name": name,
+                "counts": counts,
+                "paused": name in status.paused,
+                "throughput": status.throughput_by_process.get(name),
+                "limits": _limits_of(worker, name),
+            }
+            for name, counts in data["processes"].items()
+        ]
+        return page(
+            request,
+            "processes.html",
+            processes=shown,
+            fairness=_fairness_of(worker),
+            window=describe_age(config.window_seconds),
         )
 
     async def refuse_write(request: Request) -> Response | None:
@@ -381,6 +454,75 @@ def create_app(
             return _answer(request, 403, _BAD_CSRF)
         return None
 
+    def apply(action: str, task_id: int) -> int:
+        """``action`` on ``task_id`` in a transaction of its own: the task
+        it leaves to look at (a requeue's new chain). Raises
+        TaskNotFoundError, _Conflict or SqlaQueueError."""
+        with engine.connect() as conn, conn.begin():
+            client = QueueClient(conn, table)
+            if action == "requeue":
+                done = client.requeue_dead([task_id])
+                if not done:
+                    raise _Conflict(
+                        f"task {task_id} is not a dead task, or it was requeued already"
+                    )
+                new_id = done[0].new_id
+                return task_id if new_id is None else new_id
+            if action == "cancel":
+                client.cancel(task_id)
+            else:
+                client.retry_now(task_id)
+            return task_id
+
+    def matching(filters: dict[str, Any]) -> tuple[list[int], bool]:
+        """The ids of the tasks ``filters`` (task_page's) match, newest first,
+        up to :data:`BULK_MAX`; and whether more matched."""
+        asked = {**filters, "limit": int(TASK_PAGE.high)}
+        found: list[int] = []
+        for _ in range(BULK_PAGES_MAX):
+            got = task_page(asked)
+            found += (row.id for row in got.rows)
+            if len(found) > BULK_MAX:
+                return found[:BULK_MAX], True
+            if got.before is None:
+                return found, False
+            asked["before"] = got.before
+        return found, True
+
+    async def bulk(request: Request) -> Response:
+        refused = await refuse_write(request)
+        if refused is not None:
+            return refused
+        action = request.path_params["action"]
+        if action not in ("requeue", "cancel", "retry-now"):
+            return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
+        try:
+            ids, filters = await _bulk_request(request)
+        except _BadQuery as exc:
+            return _answer(request, 400, str(exc))
+        more = False
+        if filters is not None:
+            ids, more = matching(filters)
+        results: list[dict[str, Any]] = []
+        for task_id in ids:
+            try:
+                results.append({"id": task_id, "outcome": "done", "task": apply(action, task_id)})
+            except (TaskNotFoundError, _Conflict, SqlaQueueError) as exc:
+                results.append({"id": task_id, "outcome": "refused", "error": str(exc)})
+        done = sum(1 for r in results if r["outcome"] == "done")
+        answer = {
+            "action": action,
+            "done": done,
+            "refused": len(results) - done,
+            "more": more,
+            "results": results,
+        }
+        if _wants_json(request) or request.headers.get("content-type", "").startswith(
+            "application/json"
+        ):
+            return JSONResponse(answer)
+        return page(request, "bulk.html", bulk=answer, bound=BULK_MAX)
+
     async def act(request: Request) -> Response:
         refused = await refuse_write(request)
         if refused is not None:
@@ -392,21 +534,7 @@ def create_app(
         if task_id is None:
             return _answer(request, 404, _no_task(request))
         try:
-            with engine.connect() as conn, conn.begin():
-                client = QueueClient(conn, table)
-                if action == "requeue":
-                    done = client.requeue_dead([task_id])
-                    if not done:
-                        raise _Conflict(
-                            f"task {task_id} is not a dead task, or it was requeued already"
-                        )
-                    shown = done[0].new_id
-                elif action == "cancel":
-                    client.cancel(task_id)
-                    shown = task_id
-                else:
-                    client.retry_now(task_id)
-                    shown = task_id
+            shown = apply(action, task_id)
         except TaskNotFoundError as exc:
             return _answer(request, 404, str(exc))
         except (_Conflict, SqlaQueueError) as exc:
@@ -434,7 +562,8 @@ def create_app(
             return _answer(request, 400, str(exc))
         if _wants_json(request):
             return JSONResponse({"ok": True, "paused": sorted(paused)})
-        return RedirectResponse(f"{config.root}/?done={action}", status_code=303)
+        back = "/processes" if form.get("back") == "processes" else "/"
+        return RedirectResponse(f"{config.root}{back}?done={action}", status_code=303)
 
     def login_page(request: Request) -> Response:
         if config.read_only:
@@ -505,6 +634,8 @@ def create_app(
         Route("/", reader(overview)),
         Route("/tasks", reader(tasks)),
         Route("/tasks/{task_id}", reader(task)),
+        Route("/workers", reader(workers)),
+        Route("/processes", reader(processes)),
         Route("/dead", reader(dead)),
         Route("/subscriptions", reader(subscriptions)),
         Route("/login", login_page, methods=["GET"]),
@@ -514,6 +645,9 @@ def create_app(
         Route("/api/tasks", reader(api_tasks, api=True)),
         Route("/api/tasks/{task_id}", reader(api_task, api=True)),
         Route("/api/workers", reader(api_workers, api=True)),
+        Route("/api/history", reader(api_history, api=True)),
+        Route("/chart.svg", reader(chart_svg, api=True)),
+        Route("/api/tasks/bulk/{action}", bulk, methods=["POST"]),
         Route("/api/tasks/{task_id}/{action}", act, methods=["POST"]),
         Route("/api/processes/{action}", pausing, methods=["POST"]),
         Route("/static/app.css", css),
@@ -593,6 +727,10 @@ def _no_task(request: Request) -> str:
     return f"no task {shown}: a task id is {TASK_ID.describe()}"
 
 
+def _bad_window(window: str) -> str:
+    return f"unknown window '{_shown(window)}': one of {', '.join(WINDOWS)}"
+
+
 class _BadQuery(ValueError):
     """A query parameter no answer can be given for (400)."""
 
@@ -601,7 +739,45 @@ def _task_filters(request: Request) -> dict[str, Any]:
     """``task_page``'s arguments from ``/api/tasks``'s query parameters
     (state, process, external_key, min_id, max_id, limit, after); raises
     _BadQuery for a bad one."""
-    query = request.query_params
+    return _filters_of(request.query_params)
+
+
+async def _bulk_request(request: Request) -> tuple[list[int], dict[str, Any] | None]:
+    """A bulk action's tasks: ``{"ids": [...]}`` or ``{"filter": {...}}``
+    (``/api/tasks``'s parameters) as JSON, or a form's ``ids`` fields, or
+    its filter fields with ``everything`` set. (ids, None) or ([], the
+    filter); raises _BadQuery."""
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            body = await request.json()
+        except ValueError:
+            raise _BadQuery("the body is not JSON") from None
+        if not isinstance(body, dict) or ("ids" in body) == ("filter" in body):
+            raise _BadQuery('give {"ids": [...]} or {"filter": {...}}')
+        if "filter" in body:
+            given = body["filter"]
+            if not isinstance(given, dict):
+                raise _BadQuery("filter is an object: state, process, external_key, min_id, max_id")
+            shown = {k: str(v) for k, v in given.items() if v is not None and k != "after"}
+            return [], _filters_of(shown)
+        listed = body["ids"]
+        if not isinstance(listed, list):
+            raise _BadQuery("ids is a list of task ids")
+        texts = [str(x) for x in listed]
+    else:
+        form = await request.form()
+        if form.get("everything"):
+            shown = {k: str(v) for k, v in form.items() if k not in ("after", "csrf", "ids")}
+            return [], _filters_of(shown)
+        texts = [str(x) for x in form.getlist("ids")]
+    if len(texts) > BULK_MAX:
+        raise _BadQuery(f"at most {BULK_MAX} ids at once")
+    ids = [_whole(text, "an id", TASK_ID) for text in texts]
+    return list(dict.fromkeys(i for i in ids if i is not None)), None
+
+
+def _filters_of(query: Mapping[str, str]) -> dict[str, Any]:
+    """_task_filters of ``query``."""
     state = query.get("state") or None
     if state is not None and state not in TASK_STATES:
         raise _BadQuery(f"unknown state '{_shown(state)}': one of {', '.join(TASK_STATES)}")
@@ -725,6 +901,33 @@ def _actions_for(timeline: Any) -> list[tuple[str, str]]:
     if dead_runs and not timeline.of_kind("requeued"):
         actions.append(("requeue", "Requeue"))
     return actions
+
+
+def _limits_of(worker: Any, process: str | None) -> dict[str, Any]:
+    """What the worker class declares of ``process``: its fleet-wide
+    concurrency limit and rate limit (docs/limits.md), when it has one."""
+    found: dict[str, Any] = {}
+    if worker is None or process is None:
+        return found
+    concurrency = dict(getattr(worker, "concurrency_limits", None) or {}).get(process)
+    rate = dict(getattr(worker, "rate_limits", None) or {}).get(process)
+    if concurrency is not None:
+        found["concurrency"] = concurrency
+    if rate is not None:
+        found["rate"] = rate
+    return found
+
+
+def _fairness_of(worker: Any) -> dict[str, Any] | None:
+    """The worker class's fairness (``fair_by`` and its per-key limits), or None."""
+    fair_by = getattr(worker, "fair_by", None) if worker is not None else None
+    if not fair_by:
+        return None
+    return {
+        "by": fair_by,
+        "key_concurrency": getattr(worker, "key_concurrency_limit", None),
+        "key_rate": getattr(worker, "key_rate_limit", None),
+    }
 
 
 def _wants_json(request: Request) -> bool:

@@ -22,6 +22,8 @@ TEMPLATES = {
   <nav>
     <a href="{{ root }}/">Overview</a>
     <a href="{{ root }}/tasks">Tasks</a>
+    <a href="{{ root }}/processes" id="nav-processes">Processes</a>
+    <a href="{{ root }}/workers" id="nav-workers">Workers</a>
     <a href="{{ root }}/dead">Dead letter</a>
     <a href="{{ root }}/subscriptions">Subscriptions</a>
   </nav>
@@ -66,10 +68,10 @@ TEMPLATES = {
 <p id="summary">oldest ready task: {{ oldest }} · last {{ window }}:
 {{ status.throughput.finished }} attempts finished, {{ status.throughput.failed }} failed</p>
 </section>
-<section>
-<h2>Throughput and failures</h2>
-<svg id="chart" width="720" height="160" viewBox="0 0 720 160" role="img" aria-label="attempts per minute"></svg>
-<p class="legend"><span class="ok">finished per minute</span> <span class="bad">failed per minute</span> (every 3 s)</p>
+<section id="history">
+<h2>Finished attempts</h2>
+<p class="windows">{% for name in windows %}<a href="{{ root }}/?window={{ name }}" id="window-{{ name }}" {% if name == history.window %}class="current"{% endif %}>last {{ name }}</a> {% endfor %}(UTC, every 15 s)</p>
+{% include "chart.svg" %}
 </section>
 <section>
 <h2>Running</h2>
@@ -108,6 +110,16 @@ TEMPLATES = {
 </section>
 {% endif %}
 {% endblock %}
+""",
+    "chart.svg": """<svg xmlns="http://www.w3.org/2000/svg" id="chart" data-window="{{ history.window }}" width="{{ chart.width }}" height="{{ chart.height }}" viewBox="0 0 {{ chart.width }} {{ chart.height }}" role="img" aria-labelledby="chart-title">
+<title id="chart-title">attempts finished per {{ chart.per }}, last {{ history.window }}, UTC</title>
+{% for value, y in chart.y_ticks %}<line class="grid" x1="{{ chart.left }}" y1="{{ y }}" x2="{{ chart.right }}" y2="{{ y }}"/><text class="tick y" x="{{ chart.left - 6 }}" y="{{ y + 4 }}" text-anchor="end">{{ value }}</text>
+{% endfor %}<line class="axis" x1="{{ chart.left }}" y1="{{ chart.bottom }}" x2="{{ chart.right }}" y2="{{ chart.bottom }}"/>
+<line class="axis" x1="{{ chart.left }}" y1="{{ chart.top }}" x2="{{ chart.left }}" y2="{{ chart.bottom }}"/>
+{% for label, x in chart.x_ticks %}<line class="axis" x1="{{ x }}" y1="{{ chart.bottom }}" x2="{{ x }}" y2="{{ chart.bottom + 4 }}"/><text class="tick x" x="{{ x }}" y="{{ chart.bottom + 16 }}" text-anchor="middle">{{ label }}</text>
+{% endfor %}{% for name, css, points in chart.series %}<polyline class="{{ css }}" data-series="{{ name }}" points="{{ points }}"/>
+{% endfor %}{% for name, css, total, x in chart.legend %}<rect class="{{ css }} key" x="{{ x }}" y="{{ chart.height - 16 }}" width="10" height="10"/><text class="legend-text" id="legend-{{ name }}" x="{{ x + 14 }}" y="{{ chart.height - 7 }}">{{ name }} ({{ total }})</text>
+{% endfor %}</svg>
 """,
     "task.html": """{% extends "base.html" %}
 {% block title %}task {{ timeline.task_id }}{% endblock %}
@@ -212,18 +224,90 @@ TEMPLATES = {
 <button id="filter">Show</button>
 </form>
 {% if tasks %}
+<form method="post" action="{{ root }}/api/tasks/bulk/requeue" id="bulk">
+<input type="hidden" name="csrf" value="{{ csrf }}">
+{% for name in ("state", "process", "external_key", "min_id", "max_id") %}{% if filters[name] is not none %}<input type="hidden" name="{{ name }}" value="{{ filters[name] }}">{% endif %}{% endfor %}
+<div class="actions">
+<button id="bulk-requeue" formaction="{{ root }}/api/tasks/bulk/requeue" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>Requeue</button>
+<button id="bulk-cancel" formaction="{{ root }}/api/tasks/bulk/cancel" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>Cancel</button>
+<button id="bulk-retry-now" formaction="{{ root }}/api/tasks/bulk/retry-now" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>Retry now</button>
+the selected tasks, or <label class="inline"><input type="checkbox" name="everything" value="1" id="everything"> every task this filter matches (the newest {{ bulk_max }})</label>
+</div>
 <table id="tasks">
-<thead><tr><th>task</th><th>chain</th><th>process</th><th>state</th><th>attempt</th><th>external key</th><th>run at</th><th>started</th><th>finished</th><th>payload</th></tr></thead>
+<thead><tr><th></th><th>task</th><th>chain</th><th>process</th><th>state</th><th>attempt</th><th>external key</th><th>run at</th><th>started</th><th>finished</th><th>payload</th></tr></thead>
 <tbody>
 {% for t in tasks %}
-<tr class="{{ t.state }}"><td><a href="{{ root }}/tasks/{{ t.id }}">{{ t.id }}</a></td><td>{{ t.chain }}</td><td>{{ t.process }}</td>
+<tr class="{{ t.state }}"><td><input type="checkbox" name="ids" value="{{ t.id }}" class="pick" aria-label="select task {{ t.id }}"></td><td><a href="{{ root }}/tasks/{{ t.id }}">{{ t.id }}</a></td><td>{{ t.chain }}</td><td>{{ t.process }}</td>
 <td>{{ t.state }}</td><td>{{ t.attempt }}</td><td>{{ t.external_key or "" }}</td><td>{{ when(t.run_at) }}</td>
 <td>{{ when(t.started_at) }}</td><td>{{ when(t.finished_at) }}</td><td class="msg">{{ t.payload }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
+</form>
 {% else %}<p id="none">No task on this page.</p>{% endif %}
 {% if next_url %}<p><a id="next" href="{{ next_url }}">Next page</a></p>{% else %}<p id="last">No more tasks.</p>{% endif %}
+{% endblock %}
+""",
+    "workers.html": """{% extends "base.html" %}
+{% block title %}workers{% endblock %}
+{% block main %}
+<h2>Workers</h2>
+<p>The workers holding tasks now, from their leases (a worker holding none is not shown).</p>
+{% if workers %}
+<table id="workers">
+<thead><tr><th>worker</th><th>tasks held</th><th>last heartbeat</th><th></th></tr></thead>
+<tbody>
+{% for w in workers %}
+<tr><td>{{ w.worker_id }}</td><td class="n">{{ w.tasks }}</td><td>{{ when(w.last_heartbeat) }}</td><td>{% if w.ago %}{{ w.ago }} ago{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p id="none">No worker holds a task.</p>{% endif %}
+<p><a href="{{ root }}/tasks?state=running" id="running-tasks">The running tasks</a></p>
+{% endblock %}
+""",
+    "processes.html": """{% extends "base.html" %}
+{% block title %}processes{% endblock %}
+{% block main %}
+<h2>Processes</h2>
+{% if fairness %}<p id="fairness">Claims take turns by {{ fairness.by }}{% if fairness.key_concurrency %}, at most {{ fairness.key_concurrency }} running per key{% endif %}{% if fairness.key_rate %}, at most {{ fairness.key_rate }} claimed per second per key{% endif %}.</p>{% endif %}
+{% if processes %}
+<table id="processes">
+<thead><tr><th>process</th><th>paused</th>{% for s in states %}<th>{{ s }}</th>{% endfor %}<th>finished, last {{ window }}</th><th>failure rate</th><th>concurrency limit</th><th>rate limit</th><th></th></tr></thead>
+<tbody>
+{% for p in processes %}
+<tr data-process="{{ p.name }}"><td><a href="{{ root }}/tasks?process={{ p.name or '' }}">{{ p.name or "(none)" }}</a></td>
+<td>{% if p.paused %}<span class="paused">paused</span>{% else %}no{% endif %}</td>
+{% for s in states %}<td class="n">{{ p.counts[s] }}</td>{% endfor %}
+<td class="n">{{ p.throughput.finished if p.throughput else 0 }}</td>
+<td class="n">{% if p.throughput and p.throughput.failure_rate is not none %}{{ "%.1f%%" % (100 * p.throughput.failure_rate) }}{% else %}-{% endif %}</td>
+<td class="n">{{ p.limits.concurrency if p.limits.concurrency is defined else "-" }}</td>
+<td class="n">{% if p.limits.rate is defined %}{{ p.limits.rate }}/s{% else %}-{% endif %}</td>
+<td>{% if p.name %}<form method="post" action="{{ root }}/api/processes/{{ 'resume' if p.paused else 'pause' }}" class="inline">
+<input type="hidden" name="csrf" value="{{ csrf }}"><input type="hidden" name="process" value="{{ p.name }}"><input type="hidden" name="back" value="processes">
+<button class="{{ 'resume' if p.paused else 'pause' }}" data-process="{{ p.name }}" {% if not can_write %}disabled title="log in to act on tasks"{% endif %}>{{ 'Resume' if p.paused else 'Pause' }}</button>
+</form>{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% else %}<p id="none">No task yet.</p>{% endif %}
+{% endblock %}
+""",
+    "bulk.html": """{% extends "base.html" %}
+{% block title %}bulk {{ bulk.action }}{% endblock %}
+{% block main %}
+<h2>{{ bulk.action }}: <span id="bulk-done">{{ bulk.done }}</span> done, <span id="bulk-refused">{{ bulk.refused }}</span> refused</h2>
+{% if bulk.more %}<p class="warn" id="bulk-more">More tasks matched: only the newest {{ bound }} were acted on.</p>{% endif %}
+<table id="bulk-results">
+<thead><tr><th>task</th><th>outcome</th><th></th></tr></thead>
+<tbody>
+{% for r in bulk.results %}
+<tr class="{{ r.outcome }}"><td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.outcome }}</td>
+<td class="msg">{% if r.error %}{{ r.error }}{% elif r.task != r.id %}new chain <a href="{{ root }}/tasks/{{ r.task }}">{{ r.task }}</a>{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+<p><a href="{{ root }}/tasks" id="back-to-tasks">Back to the tasks</a></p>
 {% endblock %}
 """,
     "error.html": """{% extends "base.html" %}
@@ -253,21 +337,26 @@ form.inline { display: inline; }
 form.filters { display: flex; gap: 1em; align-items: center; margin: .5em 0 1em; }
 .actions { margin: .5em 0 1em; }
 #chart { background: #fff; border: 1px solid #dde1e8; }
-#chart .ok { stroke: #2b6cb0; fill: none; stroke-width: 2; }
-#chart .bad { stroke: #c53030; fill: none; stroke-width: 2; }
-.legend .ok { color: #2b6cb0; } .legend .bad { color: #c53030; }
+#chart polyline { fill: none; stroke-width: 2; }
+#chart .ok { stroke: #2b6cb0; } #chart .bad { stroke: #c53030; } #chart .cancel { stroke: #975a16; }
+#chart rect.ok { fill: #2b6cb0; } #chart rect.bad { fill: #c53030; } #chart rect.cancel { fill: #975a16; }
+#chart .axis { stroke: #1d2330; } #chart .grid { stroke: #e6e9ef; }
+#chart text { font-size: 11px; fill: #1d2330; }
+.windows a.current { font-weight: 700; }
+label.inline { display: inline; margin: 0; }
 label { display: block; margin: .5em 0; }
 details.traceback pre { white-space: pre-wrap; font-size: 12px; background: #f0f2f5; padding: .5em; }
 """
 
-# Draws the throughput chart from /api/status every 3 s; builds elements
-# with textContent and attributes only (never innerHTML).
+# Refreshes the overview: the counts from /api/status every 3 s, the
+# history chart (/chart.svg, drawn by the server as the page was) every
+# 15 s. Builds elements with textContent and attributes only, and the
+# chart with DOMParser as SVG (never innerHTML).
 JS = """
 (function () {
-  var chart = document.getElementById("chart");
-  if (!chart) { return; }
+  var body = document.querySelector("#counts tbody");
+  if (!body) { return; }
   var root = document.querySelector("link[rel=stylesheet]").getAttribute("href").replace(/\\/static\\/app\\.css$/, "");
-  var ns = "http://www.w3.org/2000/svg", finished = [], failed = [], MAX = 60;
   // control and bidi characters as visible escapes, as the pages show them
   // (sqla_queue.common.redaction.escape_controls)
   var HIDDEN = /[\\p{Cc}\\p{Cf}\\p{Cs}\\p{Zl}\\p{Zp}]/gu;
@@ -280,34 +369,8 @@ JS = """
       return "\\\\U" + ("0000000" + hex).slice(-8);
     });
   }
-  function line(values, cls, top) {
-    var points = values.map(function (v, i) {
-      var x = 10 + i * (700 / (MAX - 1)), y = 150 - (top ? v / top * 140 : 0);
-      return x.toFixed(1) + "," + y.toFixed(1);
-    }).join(" ");
-    var p = document.createElementNS(ns, "polyline");
-    p.setAttribute("class", cls);
-    p.setAttribute("points", points);
-    return p;
-  }
-  function draw() {
-    while (chart.firstChild) { chart.removeChild(chart.firstChild); }
-    var top = Math.max.apply(null, finished.concat(failed, [1]));
-    chart.appendChild(line(finished, "ok", top));
-    chart.appendChild(line(failed, "bad", top));
-    var label = document.createElementNS(ns, "text");
-    label.setAttribute("x", "12"); label.setAttribute("y", "16");
-    label.textContent = "max " + top.toFixed(1) + "/min";
-    chart.appendChild(label);
-  }
+  var states = ["ready", "scheduled", "running", "retrying", "succeeded", "failed", "cancelled", "dead_letter"];
   function update(status) {
-    var t = status.throughput, minutes = t.window_seconds / 60;
-    finished.push(t.finished / minutes); failed.push(t.failed / minutes);
-    if (finished.length > MAX) { finished.shift(); failed.shift(); }
-    draw();
-    var body = document.querySelector("#counts tbody");
-    var states = ["ready", "scheduled", "running", "retrying", "succeeded", "failed", "cancelled", "dead_letter"];
-    if (!body) { return; }
     while (body.firstChild) { body.removeChild(body.firstChild); }
     function row(name, counts, cls) {
       var tr = document.createElement("tr");
@@ -327,7 +390,22 @@ JS = """
       .then(function (s) { if (s) { update(s); } })
       .catch(function () {});
   }
+  function redraw() {
+    var chart = document.getElementById("chart");
+    if (!chart) { return; }
+    var url = root + "/chart.svg?window=" + encodeURIComponent(chart.getAttribute("data-window"));
+    fetch(url, {credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (text) {
+        if (!text) { return; }
+        var drawn = new DOMParser().parseFromString(text, "image/svg+xml").documentElement;
+        if (drawn.nodeName !== "svg") { return; }
+        chart.parentNode.replaceChild(document.importNode(drawn, true), chart);
+      })
+      .catch(function () {});
+  }
   poll();
   setInterval(poll, 3000);
+  setInterval(redraw, 15000);
 })();
 """
