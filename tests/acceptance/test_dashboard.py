@@ -240,7 +240,8 @@ def test_a_dead_task_is_requeued_from_the_page_and_then_runs(
         # the requeued task's page: its own chain's state, not its family's
         assert browser.find_element(By.ID, "state").text == "succeeded"
         rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tr.requeued td")
-        assert "sucesso" in [cell.text for cell in rows]
+        assert "succeeded" in [cell.text for cell in rows]
+        assert browser.find_element(By.ID, "payload").text.startswith("{")
         # a second requeue of the same dead task is refused
         browser.get(f"{base}/dead")
         assert not browser.find_elements(By.CSS_SELECTOR, f"button.requeue[data-task='{task_id}']")

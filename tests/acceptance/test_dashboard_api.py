@@ -10,12 +10,13 @@ needs the login, unless the dashboard is read-only."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import re
 from typing import Any
 
 import requests
-from sqlalchemy import Engine
+from sqlalchemy import Engine, insert
 
 from sqla_queue.adapters import adapter_of
 from sqla_queue.client.queue import QueueClient
@@ -179,7 +180,9 @@ def test_payloads_are_shown_with_their_secrets_masked(engine: Engine, app: App) 
         web, _ = logged_in(base)
         listed = web.get(f"{base}/api/tasks", timeout=10)
         one = web.get(f"{base}/api/tasks/{task_id}", timeout=10)
-    for answer in (listed, one):
+        shown_page = web.get(f"{base}/tasks/{task_id}", timeout=10)  # the task's page too
+    assert 'id="payload"' in shown_page.text and MASK in shown_page.text
+    for answer in (listed, one, shown_page):
         assert answer.status_code == 200
         for shown in ("hunter2", "tok-123", "key-456", "pw-789"):
             assert shown not in answer.text
@@ -260,3 +263,21 @@ def test_the_task_browser_page_filters_and_pages_with_a_next_link(engine: Engine
         assert re.findall(r'<td><a href="/tasks/(\d+)">', every.text) == [
             str(i) for i in reversed(ids)
         ]
+
+
+def test_a_retrys_page_and_api_show_its_chains_payload(engine: Engine, app: App) -> None:
+    """A retry's row may hold no payload of its own: the chain's first
+    attempt's is shown (was null)."""
+    [first] = enqueue(engine, app, [{"processo": "a", "payload": {"order": 7, "token": "t-1"}}])
+    with engine.begin() as conn:
+        retry = conn.execute(
+            insert(app.Task.__table__).values(
+                processo="a", id_inicial=first, tentativa=2, status="pendente"
+            )
+        ).inserted_primary_key[0]
+    with serving(engine, app) as base:
+        web, _ = logged_in(base)
+        one = web.get(f"{base}/api/tasks/{retry}", timeout=10)
+        shown = web.get(f"{base}/tasks/{retry}", timeout=10)
+    assert one.json()["payload"] == {"order": 7, "token": MASK}
+    assert '"order": 7' in html.unescape(shown.text) and "t-1" not in shown.text

@@ -73,6 +73,7 @@ from ..status import (
     STATES,
     dead_letter,
     describe_age,
+    message_gloss,
     queue_status,
     recent_copies,
     task_timeline,
@@ -191,6 +192,7 @@ def create_app(
         age=describe_age,
         mb=lambda n: f"{n / 1048576:.1f} MB",
         states=STATES,
+        gloss=message_gloss,
     )
     sessions = SessionStore(clock)
     throttle = LoginThrottle(clock)
@@ -285,7 +287,16 @@ def create_app(
             timeline = task_timeline(engine, table, task_id)
         except TaskNotFoundError as exc:
             return page(request, "error.html", 404, error=str(exc))
-        return page(request, "task.html", timeline=timeline, actions=_actions_for(timeline))
+        with engine.connect() as conn:
+            adapter = adapter_of(engine.dialect, table, task_locks=False)
+            stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
+        # the payload as the API gives it: decoded, its secrets masked; a
+        # retry's row may hold none, its chain's first attempt does
+        own = stored.get(task_id) or stored.get(timeline.chain_id)
+        payload = json.dumps(_payload(own), ensure_ascii=False, indent=2)
+        return page(
+            request, "task.html", timeline=timeline, actions=_actions_for(timeline), payload=payload
+        )
 
     def dead(request: Request) -> Response:
         return page(request, "dead.html", dead=dead_letter(engine, table, limit=100))
@@ -333,8 +344,9 @@ def create_app(
             return JSONResponse({"error": str(exc)}, status_code=404)
         with engine.connect() as conn:
             adapter = adapter_of(engine.dialect, table, task_locks=False)
-            stored = adapter.task_payloads(conn, ids=[task_id])
-        return JSONResponse({**timeline.as_json(), "payload": _payload(stored.get(task_id))})
+            stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
+        own = stored.get(task_id) or stored.get(timeline.chain_id)  # a retry's: its chain's
+        return JSONResponse({**timeline.as_json(), "payload": _payload(own)})
 
     def task_page(asked: dict[str, Any]) -> TaskPage:
         adapter = adapter_of(engine.dialect, table, task_locks=False)

@@ -134,17 +134,19 @@ TEMPLATES = {
 {% endfor %}
 </div>
 <table id="timeline">
-<thead><tr><th>kind</th><th>id</th><th>attempt</th><th>status</th><th>run at</th><th>started</th><th>finished</th><th>worker</th><th>message</th></tr></thead>
+<thead><tr><th>kind</th><th>id</th><th>attempt</th><th>state</th><th>run at</th><th>started</th><th>finished</th><th>worker</th><th>message</th></tr></thead>
 <tbody>
 {% for r in timeline.rows %}
 <tr class="{{ r.kind }}"><td>{{ r.kind }}{% if r.subscriber_id %} ({{ r.subscriber_id }}){% endif %}</td>
-<td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.attempt }}</td><td>{{ r.status }}</td>
+<td><a href="{{ root }}/tasks/{{ r.id }}">{{ r.id }}</a></td><td>{{ r.attempt }}</td><td title="stored: {{ r.status }}">{{ r.label }}</td>
 <td>{{ when(r.run_at) }}</td><td>{{ when(r.started_at) }}</td><td>{{ when(r.finished_at) }}</td>
-<td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}{% if r.traceback %}
+<td>{{ r.worker_id or "-" }}</td><td class="msg">{{ r.message or "" }}{% set g = gloss(r.message) %}{% if g %} <span class="gloss">[{{ g }}]</span>{% endif %}{% if r.traceback %}
 <details class="traceback"><summary>traceback</summary><pre>{{ r.traceback }}</pre></details>{% endif %}</td></tr>
 {% endfor %}
 </tbody>
 </table>
+<h3>Payload</h3>
+<pre id="payload">{{ payload }}</pre>
 {% endblock %}
 """,
     "dead.html": """{% extends "base.html" %}
