@@ -149,6 +149,12 @@ def test_sigterm_finishes_the_running_task_and_hands_back_the_rest(
             message="a task to start",
         )
         worker.proc.send_signal(signal.SIGTERM)
+        # the running task may finish only once the worker has taken the
+        # signal: let go sooner and, on a loaded machine, the next task of the
+        # batch could start before the signal's handler ran (seen in CI)
+        wait_until(
+            lambda: "finishing running tasks" in worker.output, message="the worker's SIGTERM line"
+        )
         go.touch()
         assert worker.wait(timeout=60) == 0, worker.output
     [started] = [i for i in ids if (tmp_path / f"started-{i}").exists()]
