@@ -9,6 +9,7 @@ full pipe never stalls a worker that holds a lock.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import subprocess
 import threading
@@ -440,6 +441,32 @@ def test_idle_worker_wakes_on_notify(
         assert worker.wait(timeout=30) == 0, worker.output
     [(task_id, chain_id, note)] = effects(engine, app)
     assert (task_id == chain_id, note) == (True, "{'n': 1}")
+
+
+def test_an_idle_worker_process_freezes_its_start_up_objects_once(
+    engine: Engine, app: App, db_url: str, table_name: str, workers: dict[str, str]
+) -> None:
+    """``sqla-queue worker`` freezes what start-up made once its first lane
+    goes idle (runner._settle: later full collections, which stop every
+    lane, skip it); it then still runs tasks. The line is the worker's own
+    word that gc.freeze ran: without the freeze there is none."""
+    env = worker_env(table_name)
+    args = ("worker", workers["recording"], "--url", db_url, "--log-level", "DEBUG")
+    with spawned(*args, env=env) as [worker]:
+        wait_until(
+            lambda: "start-up objects frozen for the garbage collector" in worker.output,
+            timeout=30,
+            message="the idle worker to freeze its start-up objects",
+        )
+        [frozen] = re.findall(r"frozen for the garbage collector: (\d+)", worker.output)
+        assert int(frozen) > 10_000  # SQLAlchemy's and the worker's objects, at least
+        insert_tasks(engine, app, 3, process="notify")
+        wait_until(
+            lambda: set(statuses(engine, app).values()) == {"sucesso"},
+            message="the tasks enqueued after the freeze to run",
+        )
+        stop_gracefully([worker])
+    assert worker.output.count("start-up objects frozen") == 1
 
 
 # --------------------------------------------------------------------- SingleStore claim
