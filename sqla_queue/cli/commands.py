@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from sqlalchemy import URL, Engine
 
 from ..alembic.ddl import DIALECTS, queue_ddl
-from ..common.exceptions import SqlaQueueError
+from ..common.exceptions import ConfigurationError, SqlaQueueError
 from ..common.logs import configure
 from ..config.ranges import COMMIT_BUDGET_MS, CONCURRENCY, LISTEN_PORT, PORT
-from ..config.settings import Settings
+from ..config.settings import Settings, make_engine
 from ..schema.mixins import QueueMixin
 from ..schema.subscribers import SubscriberMixin
 from ..worker import WorkerBase, WorkerWebhook
@@ -135,7 +136,7 @@ def _run_worker(
         # before cls(): an abstract class would raise a TypeError with a traceback
         cls.check_configuration()
         if metrics_port is not None:
-            _serve_metrics(cls, metrics_port, metrics_host)
+            _serve_metrics(cls, metrics_port, metrics_host, url or settings.url)
         if tracing:
             from ..ops.tracing import instrument
 
@@ -153,11 +154,25 @@ def _run_worker(
     sys.exit(code)
 
 
-def _serve_metrics(cls: type[WorkerBase], port: int, host: str) -> None:
+def _serve_metrics(cls: type[WorkerBase], port: int, host: str, url: str | URL | None) -> None:
     from ..ops.metrics import serve
 
+    model = cls.queue_model()
+    engines: list[Engine] = []
+
+    def states() -> dict[str, int]:
+        """The totals of ``status`` (sqla_queue_tasks_in_state), on an engine of one
+        connection of its own, made at the first scrape."""
+        from ..ops.status import queue_status
+
+        if not engines:
+            if url is None:
+                raise ConfigurationError("no database URL")
+            engines.append(make_engine(url, pool_size=1))
+        return queue_status(engines[0], model, running=0, failures=0).totals.as_dict()
+
     try:
-        serve(port, host=host, queue=cls.queue_model().__table__.name, processes=cls.processes)
+        serve(port, host=host, queue=model.__table__.name, processes=cls.processes, states=states)
     except OSError as exc:
         raise CommandError(
             f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc}"

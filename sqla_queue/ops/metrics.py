@@ -25,6 +25,10 @@ metric                                     what
 ``sqla_queue_routine_runs_total``          maintenance routine runs by ``routine``
                                            and ``outcome`` (ok, error)
 ``sqla_queue_lane_reconnects_total``       lanes that lost their database
+``sqla_queue_tasks_in_state``              tasks (chains) by ``queue`` and ``state``:
+                                           ready, scheduled, running, retrying,
+                                           succeeded, failed, cancelled, dead_letter
+                                           (``sqla-queue worker --metrics-port``)
 =========================================  =========================================
 
 What each outcome is in the table (docs/operations.md, "Metrics"):
@@ -38,9 +42,11 @@ These count attempts, as a worker ends them; ``sqla-queue status`` counts
 tasks (a chain of attempts, in one state each). A cancellation is neither
 here: ``sqla-queue cancel`` (``QueueClient.cancel``, the dashboard) ends a
 waiting task outside any worker, where no worker's hook hears of it, and
-these metrics hold no gauge of tasks per state. ``status --json`` (and the
-dashboard's ``/api/status``) counts the cancelled tasks (``cancelled``) and
-the cancellations among the attempts finished recently.
+these attempt counters never see it. The gauge ``sqla_queue_tasks_in_state`` does:
+it is the table's count of tasks per state, ``status --json``'s totals
+(``cancelled`` and ``dead_letter`` states of their own), read from the
+database when scraped, at most once every ``TASK_STATES_EVERY_SECONDS``
+(:class:`TaskStates`; the count keeps per-range tallies, docs/operations.md).
 
 The ``process`` label is bounded whatever the table holds (each value is a
 series of every family that has it, kept for the process's life): a worker
@@ -58,13 +64,15 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from ..common.exceptions import ConfigurationError
-from ..common.redaction import escape_controls
+from ..common.redaction import describe_error, escape_controls
 from ..common.types import utcnow
 from ..policies.hooks import (
     BATCH_COMMITTED,
@@ -84,12 +92,16 @@ from ..policies.hooks import (
     registry,
 )
 
+logger = logging.getLogger("sqla_queue.metrics")
+
 __all__ = [
     "OTHER_PROCESS",
     "OUTCOMES",
     "PROCESS_LABELS_MAX",
     "PROCESS_LABEL_MAX_CHARS",
+    "TASK_STATES_EVERY_SECONDS",
     "QueueMetrics",
+    "TaskStates",
     "serve",
 ]
 
@@ -117,6 +129,8 @@ OTHER_PROCESS = "other"
 PROCESS_LABELS_MAX = 100
 #: characters of a ``process`` label value (a longer name is cut)
 PROCESS_LABEL_MAX_CHARS = 100
+#: the least time between two reads of ``sqla_queue_tasks_in_state`` from the database
+TASK_STATES_EVERY_SECONDS = 15.0
 
 
 def _prometheus() -> Any:
@@ -414,6 +428,59 @@ class _LaneCollector:
         return iter(())
 
 
+class TaskStates:
+    """``sqla_queue_tasks_in_state``: the queue's tasks per state, as ``status``
+    counts them (``read``: the totals, state -> count), read when scraped
+    but at most once every ``every`` seconds (a scrape in between gets the
+    last read). A failed read is logged and the scrape goes on without the
+    gauge: the worker's own metrics never wait for it."""
+
+    def __init__(
+        self,
+        queue: str,
+        read: Callable[[], dict[str, int]],
+        *,
+        every: float = TASK_STATES_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.queue, self._read, self._every, self._clock = queue, read, every, clock
+        self._gauge = GaugeMetricFamily
+        self._lock = threading.Lock()
+        self._last: dict[str, int] | None = None
+        self._read_at: float | None = None
+
+    def counts(self) -> dict[str, int] | None:
+        """The counts, read again if the last read is ``every`` old."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is None or now - self._read_at >= self._every:
+                self._read_at = now
+                try:
+                    self._last = dict(self._read())
+                except Exception as exc:  # the database away: the rest is served
+                    logger.warning("metrics: tasks by state not read: %s", describe_error(exc))
+                    self._last = None
+            return self._last
+
+    def collect(self) -> Iterator[Any]:
+        counts = self.counts()
+        if counts is None:
+            return
+        family = self._gauge(
+            "sqla_queue_tasks_in_state",
+            "Tasks (chains) by state, as status counts them",
+            labels=["queue", "state"],
+        )
+        for state, n in counts.items():
+            family.add_metric([self.queue, state], n)
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+
 def serve(
     port: int,
     *,
@@ -421,11 +488,15 @@ def serve(
     queue: str,
     registry: Any = None,
     processes: Collection[str] | None = None,
+    states: Callable[[], dict[str, int]] | None = None,
 ) -> QueueMetrics:
     """Attach a queue's metrics to the process's hooks and serve them as
     Prometheus text on ``http://host:port/metrics``, from a daemon thread
-    (``processes``: the worker's, see :class:`QueueMetrics`)."""
+    (``processes``: the worker's, see :class:`QueueMetrics`; ``states``:
+    reads the tasks per state for ``sqla_queue_tasks_in_state``, see :class:`TaskStates`)."""
     prometheus = _prometheus()
     metrics = QueueMetrics(queue, registry=registry, processes=processes).attach()
+    if states is not None:
+        metrics.registry.register(TaskStates(queue, states))
     prometheus.start_http_server(port, addr=host, registry=metrics.registry)
     return metrics

@@ -4,6 +4,7 @@ what the table says; a batch rolled back by a lost claim adds nothing."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import signal
 import socket
@@ -19,14 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, and_, func, select, update
 from sqlalchemy.orm import Session
 
+from sqla_queue import QueueClient
 from sqla_queue.common.types import utcnow
 from sqla_queue.config.settings import Settings
 from sqla_queue.ops.metrics import (
     OTHER_PROCESS,
     PROCESS_LABEL_MAX_CHARS,
     PROCESS_LABELS_MAX,
+    TASK_STATES_EVERY_SECONDS,
     QueueMetrics,
+    TaskStates,
 )
+from sqla_queue.ops.status import queue_status
 from sqla_queue.policies.hooks import Hooks
 from sqla_queue.worker import Runner
 from sqla_queue.worker.app import QueueApp
@@ -123,6 +128,10 @@ def test_scraped_counters_equal_what_the_table_says(
             .values(status="processando", worker_id="gone:1:dead", started_at=utcnow())
         )
     expire_lease(engine, app, lost)
+    # a task cancelled before it ran: a state only the gauge of states shows
+    [later] = enqueue(engine, app, {"n": "later"}, run_at=utcnow() + dt.timedelta(hours=1))
+    with engine.begin() as conn:
+        QueueClient(conn, app.Task).cancel(later)
     port = free_port()
     with worker_process(db_url, table, port) as proc:
 
@@ -167,6 +176,64 @@ def test_scraped_counters_equal_what_the_table_says(
         assert samples[("sqla_queue_task_wait_seconds_count", labels)] == 24 + 3 + 3
         assert samples[("sqla_queue_batch_size_count", queue)] >= 1
         assert samples[("sqla_queue_batch_size_sum", queue)] == 24 + 3 + 3
+
+        # tasks by state: what status counts, cancelled and dead_letter among
+        # them (read at most every TASK_STATES_EVERY_SECONDS: may lag a scrape)
+        totals = queue_status(engine, app.Task).totals.as_dict()
+        assert (totals["cancelled"], totals["dead_letter"], totals["ready"]) == (1, 3, 0)
+
+        def states() -> dict[str, float]:
+            return {
+                dict(labels)["state"]: value
+                for (name, labels), value in scrape(port).items()
+                if name == "sqla_queue_tasks_in_state" and dict(labels)["queue"] == table
+            }
+
+        wait_until(
+            lambda: states() == totals,
+            timeout=TASK_STATES_EVERY_SECONDS + 30,
+            message="the gauge of tasks by state",
+        )
+
+
+def test_tasks_by_state_are_read_at_most_once_per_interval_and_a_failed_read_is_skipped(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """TaskStates reads the table when scraped, again only once its last
+    read is TASK_STATES_EVERY_SECONDS old (the clock injected); a read that
+    fails leaves the gauge out of that scrape, and the next read after the
+    interval brings it back."""
+    enqueue(engine, app, {"n": 1}, {"n": 2})
+    now = [0.0]
+    reads: list[dict[str, int]] = []
+    broken = [False]
+
+    def read() -> dict[str, int]:
+        if broken[0]:
+            raise ConnectionError("the database is away")
+        reads.append(queue_status(engine, app.Task).totals.as_dict())
+        return reads[-1]
+
+    registry = CollectorRegistry()
+    registry.register(TaskStates("q", read, clock=lambda: now[0]))
+
+    def ready() -> float | None:
+        return registry.get_sample_value(
+            "sqla_queue_tasks_in_state", {"queue": "q", "state": "ready"}
+        )
+
+    assert ready() == 2
+    enqueue(engine, app, {"n": 3})
+    now[0] = TASK_STATES_EVERY_SECONDS - 0.1
+    assert (ready(), len(reads)) == (2, 1)  # the last read, not the table
+    now[0] = TASK_STATES_EVERY_SECONDS
+    assert (ready(), len(reads)) == (3, 2)
+    broken[0] = True
+    now[0] = 2 * TASK_STATES_EVERY_SECONDS
+    assert ready() is None
+    broken[0] = False
+    now[0] = 3 * TASK_STATES_EVERY_SECONDS
+    assert ready() == 3
 
 
 #: what a hostile ``processo`` may hold: escapes, quotes, a backslash, line
