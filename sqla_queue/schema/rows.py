@@ -19,6 +19,7 @@ from .records import TaskRecord
 
 __all__ = [
     "CANCELLED_MESSAGE",
+    "DEAD_LETTER_SUFFIX",
     "EXHAUSTED_SUFFIX",
     "MESSAGE_GLOSSES",
     "NO_RETRY_SUFFIX",
@@ -29,6 +30,7 @@ __all__ = [
     "SUCCESS_MESSAGE",
     "SUFFIX_GLOSSES",
     "carried_columns",
+    "dead_letter_message",
     "dead_letter_row",
     "failure_message",
     "retry_row",
@@ -54,9 +56,17 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 #: is ``falha`` with ``estouro_tentativas`` false: finished, not dead-lettered
 CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
 
+#: a dead-letter run the default handler ran (``WorkerBase.execute_dead``):
+#: its text after "Tarefa com ID <the chain>" (:func:`dead_letter_message`)
+DEAD_LETTER_SUFFIX = (
+    " excedeu o número de tentativas, sem sucesso. Será necessária intervenção manual."
+)
+
 #: what the texts above say, in English, for a person reading them
-#: (``sqla-queue status`` shows it beside the stored text, which stays as
-#: it is): whole messages, then the suffixes after a failure's error
+#: (``sqla-queue status --task`` and the dashboard's task page show it
+#: beside the stored text, which stays as it is): whole messages, then the
+#: suffixes after a failure's error (and the dead-letter text's, after the
+#: task's id)
 MESSAGE_GLOSSES = {
     SUCCESS_MESSAGE: "completed successfully",
     RESCUED_ERROR: "unknown processing failure (the processing stopped suddenly)",
@@ -68,7 +78,14 @@ SUFFIX_GLOSSES = {
     RETRY_SUFFIX: "retry enqueued",
     EXHAUSTED_SUFFIX: "maximum attempts reached",
     NO_RETRY_SUFFIX: "failed with no retry: sent to the dead letter",
+    DEAD_LETTER_SUFFIX: "used up its attempts without success: it needs a person",
 }
+
+
+def dead_letter_message(chain_id: int | None) -> str:
+    """The default dead-letter handler's ``mensagem`` for the task whose
+    chain starts at ``chain_id``, the seed's words."""
+    return f"Tarefa com ID {chain_id}{DEAD_LETTER_SUFFIX}"
 
 
 def failure_message(error: str, suffix: str) -> str:

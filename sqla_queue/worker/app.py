@@ -99,20 +99,20 @@ class QueueApp:
         #: the caller's connection, in its own transaction (sqla_queue.testing):
         #: the parts run there; the engine is neither sized nor set up
         self.connection = connection
-        self.configuration_unread = False
         if connection is not None:
             self.engine = connection.engine
             self.configuration_rows = read_rows(
                 connection, configuration_table_of(model), queue=model.__table__.name
             )
+            self.configuration_unread = False
         else:
             self.engine = engine or self._create_engine(url)
             self._check_pool()
-            rows = read_configuration(self.engine, model)
-            #: the database could not be reached to read queue_configuration
-            self.configuration_unread = isinstance(rows, Exception)
-            #: the queue_configuration rows (None: no such table, or not read)
-            self.configuration_rows = None if isinstance(rows, Exception) else rows
+            #: the queue_configuration rows (None: no such table, or not
+            #: read), and whether the database could not be reached to read them
+            self.configuration_rows, self.configuration_unread = read_configuration(
+                self.engine, model
+            )
         #: the engine whose connections the lanes claim and work on: the
         #: worker's, or for async handlers the sync face of an async engine
         #: (its statements run only inside the lanes' greenlets)

@@ -42,6 +42,7 @@ from ..policies.limits import check_limits, check_rates
 from ..policies.timelimit import Attempt, current_attempt
 from ..schema.mixins import QueueMixin
 from ..schema.records import TaskRecord
+from ..schema.rows import dead_letter_message
 
 logger = logging.getLogger("sqla_queue.worker")
 
@@ -166,10 +167,7 @@ class WorkerBase(abc.ABC):
     ) -> str | None:
         """Handle a dead-letter run (a task that exhausted its attempts).
         ``tenant_session`` is given in multi-database mode only."""
-        message = (
-            f"Tarefa com ID {task.live_id} excedeu o número de tentativas, sem sucesso. "
-            "Será necessária intervenção manual."
-        )
+        message = dead_letter_message(task.live_id)
         # the stored text stays the seed's; the log line is for a person
         logger.warning(
             "task %s exhausted its attempts without success: it needs a person", task.live_id

@@ -64,11 +64,9 @@ class OperatorContext:
                 )
             engine = make_engine(url)
         self.engine = engine
-        rows = read_configuration(engine, self.model)
-        #: the database could not be reached to read queue_configuration
-        self.configuration_unread = isinstance(rows, Exception)
-        #: the queue_configuration rows (None: no such table, or not read)
-        self.configuration_rows = None if isinstance(rows, Exception) else rows
+        #: the queue_configuration rows (None: no such table, or not read),
+        #: and whether the database could not be reached to read them
+        self.configuration_rows, self.configuration_unread = read_configuration(engine, self.model)
         self.effective: Effective = resolve(worker_class, self.settings, self.configuration_rows)
         self.adapter = plain_adapter(worker_class, engine, self.settings, self.effective)
 
@@ -115,20 +113,22 @@ def plain_adapter(
 UNREAD_CONFIGURATION = "queue_configuration not read: the environment and the defaults apply"
 
 
-def read_configuration(engine: Engine, model: Any) -> dict[str, TableRow] | Exception | None:
-    """The queue's queue_configuration rows, if the table exists (None if
-    not). A database that cannot be reached yet is waited for by run(),
-    and its table is then not read: the error is returned, for the one
-    line check_table writes about the unreachable database."""
+def read_configuration(engine: Engine, model: Any) -> tuple[dict[str, TableRow] | None, bool]:
+    """The queue's queue_configuration rows (None if the table does not
+    exist, or could not be read), and whether the database could not be
+    reached for them: it is then waited for by run(), and the table is not
+    read, which check_table says in its one line about the unreachable
+    database (``configuration_unread``). Shared by :class:`OperatorContext`
+    and ``QueueApp``."""
     table = configuration_table_of(model)
     try:
         with engine.connect() as conn:
-            return read_rows(conn, table, queue=model.__table__.name)
-    except OperationalError as exc:  # cannot connect: said once, by check_table
-        return exc
+            return read_rows(conn, table, queue=model.__table__.name), False
+    except OperationalError:  # cannot connect: said once, by check_table
+        return None, True
     except DBAPIError as exc:
         logger.warning("%s (%s)", UNREAD_CONFIGURATION, describe(exc))
-        return None
+        return None, False
 
 
 def check_table(

@@ -34,6 +34,7 @@ from sqla_queue.ops.dashboard import DashboardConfig, create_app
 from sqla_queue.ops.dashboard.app import COOKIE
 from sqla_queue.ops.status import queue_status
 from sqla_queue.testing import run_until_empty
+from sqla_queue.worker.base import WorkerBase
 from tests.acceptance.test_concurrency import RECORDING, spawned, worker_env
 from tests.conftest import run_cli, wait_until
 from tests.support.app import App
@@ -178,14 +179,19 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def dead_task(engine: Engine, app: App, payload: Any) -> int:
-    """A task that spent its attempts and ran its dead-letter run; its id."""
+def dead_task(engine: Engine, app: App, payload: Any, *, default_dead: bool = False) -> int:
+    """A task that spent its attempts and ran its dead-letter run; its id.
+    ``default_dead``: the run is WorkerBase's own (its stored text), not
+    the recording worker's ("dead handled")."""
 
     class Failing(app.RecordingWorker):  # type: ignore[name-defined,misc]
         max_retry = 1
 
         def execute(self, payload: Any, task: Any, session: Any) -> str | None:
             raise RuntimeError(str(payload.get("say", "failed on purpose")))
+
+    if default_dead:
+        Failing.execute_dead = WorkerBase.execute_dead  # type: ignore[method-assign]
 
     with Session(engine) as session:
         task = app.Task(process="faturar", payload=payload)

@@ -4,8 +4,9 @@ HTTP client on a real uvicorn, on SQLite, PostgreSQL and MariaDB:
 filters by state (``cancelled`` and ``dead_letter`` included), process,
 external key and id range; answers a bad parameter with 400 and one line
 of JSON; shows payloads with their secrets masked, as ``GET /api/tasks/ID``
-does; ``GET /api/workers`` names the workers holding tasks. Every call
-needs the login, unless the dashboard is read-only."""
+does; ``GET /api/workers`` names the workers holding tasks; a task page
+and ``status --task`` follow the default dead-letter text with its English.
+Every call needs the login, unless the dashboard is read-only."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from sqla_queue.client.queue import QueueClient
 from sqla_queue.common.redaction import MASK
 from sqla_queue.common.types import utcnow
 from tests.acceptance.test_dashboard import dead_task, logged_in, serving
+from tests.conftest import run_cli
 from tests.support.app import App
 
 #: the keys of a task in /api/tasks, exactly
@@ -281,3 +283,28 @@ def test_a_retrys_page_and_api_show_its_chains_payload(engine: Engine, app: App)
         shown = web.get(f"{base}/tasks/{retry}", timeout=10)
     assert one.json()["payload"] == {"order": 7, "token": MASK}
     assert '"order": 7' in html.unescape(shown.text) and "t-1" not in shown.text
+
+
+def test_the_default_dead_letter_message_has_its_english_in_the_cli_and_the_task_page(
+    engine: Engine, app: App, installed: None, db_url: str
+) -> None:
+    """The default dead-letter handler's text, stored as the seed writes
+    it, is followed by its English in brackets (as the other fixed texts)."""
+    dead = dead_task(engine, app, {"n": 1}, default_dead=True)
+    stored = (
+        f"Tarefa com ID {dead} excedeu o número de tentativas, sem sucesso. "
+        "Será necessária intervenção manual. "
+        "[used up its attempts without success: it needs a person]"
+    )
+    with serving(engine, app) as base:
+        web, _ = logged_in(base)
+        page = web.get(f"{base}/tasks/{dead}", timeout=30).text
+    row = re.search(r'<tr class="dead_letter">(.*?)</tr>', page, re.S)
+    assert row, page
+    cell = re.sub(r"<[^>]+>", "", row.group(1).split('<td class="msg">')[1])
+    assert " ".join(html.unescape(cell).split()) == stored
+    worker = ["tests.support.app:RecordingWorker", "--url", db_url, "--task", str(dead)]
+    done = run_cli("status", *worker, env={"SQLA_QUEUE_TEST_TABLE": app.Task.__tablename__})
+    # the message column, its lines joined (rich wraps a long message)
+    cells = [line.split("│")[-2] for line in done.stdout.splitlines() if line.count("│") > 2]
+    assert stored in " ".join(" ".join(cells).split()), done.stdout

@@ -6,21 +6,27 @@ draws them on its first load, axes and legend included; ``/workers`` lists
 the workers holding tasks; ``/processes`` shows each process's counts, its
 limits and a pause button that pauses it; ``POST /api/tasks/bulk/ACTION``
 requeues, cancels or retries a selection or a filter's tasks, each id's
-outcome reported, refused in read-only mode."""
+outcome reported, refused in read-only mode, and answers garbage bodies
+with 4xx and one line of JSON, the table untouched. In a real browser
+(SQLite, PostgreSQL): the views clicked through, the task browser filtered
+by clicking, a bulk requeue, a process paused and resumed by clicking."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from typing import Any, ClassVar
 
 import pytest
 import requests
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, update
 
 from sqla_queue.adapters import adapter_of
+from sqla_queue.client.pause import paused_processes
 from sqla_queue.client.queue import QueueClient
 from sqla_queue.common.types import utcnow
 from sqla_queue.ops import status_counts
@@ -278,6 +284,106 @@ def test_bulk_actions_act_on_a_selection_or_a_filter(
         )
 
 
+def wrong_shapes(task: int) -> list[Any]:
+    """Bulk bodies of the wrong shape, for JSON, around a waiting ``task``."""
+    return [
+        [task],
+        str(task),
+        task,
+        None,
+        {},
+        {"ids": [task], "filter": {}},
+        {"ids": [task], "dry_run": True},
+        {"ids": str(task)},
+        {"ids": {"id": task}},
+        # ids that are not JSON integers, or no task's
+        {"ids": [str(task)]},
+        {"ids": [float(task)]},
+        {"ids": [True]},
+        {"ids": [None]},
+        {"ids": [[task]]},
+        {"ids": [{"id": task}]},
+        {"ids": [task, 2**70]},
+        {"ids": [task, 2**63]},
+        {"ids": [task, -task]},
+        {"ids": [task, 0]},
+        {"ids": [task] * 1001},  # over the bound of 1,000
+        # filters of the wrong types, or with a key no filter has
+        {"filter": []},
+        {"filter": "state=ready"},
+        {"filter": {"state": 1}},
+        {"filter": {"state": ["ready"]}},
+        {"filter": {"state": "nope"}},
+        {"filter": {"process": ["relatorio"]}},
+        {"filter": {"process": 5}},
+        {"filter": {"process": {"$ne": ""}}},
+        {"filter": {"external_key": True}},
+        {"filter": {"min_id": str(task)}},
+        {"filter": {"min_id": task + 0.5}},
+        {"filter": {"max_id": 2**70}},
+        {"filter": {"max_id": -1}},
+        {"filter": {"proces": "relatorio"}},  # misspelt: it would match every task
+        {"filter": {"process": "relatorio", "after": task}},
+    ]
+
+
+def test_garbage_bulk_bodies_answer_4xx_and_change_nothing(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """Each answers 4xx with one line of JSON, before touching a row; the
+    server serves on."""
+    dead_task(engine, app, {"n": 1})
+    with engine.begin() as conn:
+        waiting = QueueClient(conn, app.Task).insert_tasks(
+            [{"processo": "relatorio", "payload": {"n": n}} for n in range(3)]
+        )
+    before = rows_of(engine, app)
+    with serving(engine, app) as base:
+        web, csrf = logged_in(base)
+        url = f"{base}/api/tasks/bulk"
+        token = {"X-CSRF-Token": csrf}
+        as_json = {**token, "Content-Type": "application/json"}
+        ten_mb = 10 * 1024 * 1024
+        many_ids = b'{"ids": [' + b"1," * (ten_mb // 2) + b"1]}"
+        sent: list[tuple[str, Any, dict[str, str]]] = [
+            ("cancel", b"not json", as_json),
+            ("cancel", b"\xff\xfe\x00garbage", as_json),
+            ("cancel", b'{"ids": [1, 2', as_json),  # cut short
+            ("cancel", b'{"ids": [NaN]}', as_json),
+            ("cancel", b"[" * 100_000, as_json),  # nested deeper than the parser goes
+            ("cancel", str(waiting[0]).encode(), token),  # no Content-Type
+            ("cancel", f"ids={waiting[0]}".encode(), {**token, "Content-Type": "text/plain"}),
+            ("cancel", many_ids, as_json),  # 10 MB, its length given
+            ("cancel", (many_ids[i : i + 65536] for i in range(0, len(many_ids), 65536)), as_json),
+            ("cancel", b"[" * ten_mb, as_json),
+            ("requeue", {"ids": [str(waiting[0])] * 1001}, token),  # a form over 1,000 fields
+            ("explode", json.dumps({"ids": [waiting[0]]}).encode(), as_json),
+        ]
+        for shape in wrong_shapes(waiting[0]):
+            body = json.dumps(shape).encode()
+            sent += [(action, body, as_json) for action in ("cancel", "retry-now")]
+        for action, body, headers in sent:
+            answer = web.post(f"{url}/{action}", data=body, headers=headers, timeout=120)
+            shown = body[:80] if isinstance(body, bytes) else type(body).__name__
+            assert 400 <= answer.status_code < 500, (shown, answer.status_code, answer.text[:200])
+            assert answer.headers["content-type"] == "application/json", (shown, answer.text)
+            assert "\n" not in answer.text, shown
+            error = answer.json()
+            assert list(error) == ["error"] and isinstance(error["error"], str), shown
+        assert rows_of(engine, app) == before
+        # it serves on: a read, and a bulk action that acts
+        assert web.get(f"{base}/api/status", timeout=30).status_code == 200
+        done = web.post(f"{url}/cancel", json={"ids": [waiting[0]]}, headers=token, timeout=30)
+        assert done.status_code == 200 and done.json()["done"] == 1
+
+
+def rows_of(engine: Engine, app: App) -> list[Any]:
+    """Every row of the queue table, every column, by id."""
+    table = app.Task.__table__
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(select(table).order_by(table.c.id))]
+
+
 @pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
 def test_a_browser_clicks_through_the_views_and_requeues_in_bulk(
     engine: Engine, app: App, installed: None, browser: Any
@@ -312,8 +418,25 @@ def test_a_browser_clicks_through_the_views_and_requeues_in_bulk(
         assert names == ["enviar", "faturar"]
         browser.back()
         WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "running-tasks"))
+        # the filter form, chosen and submitted by clicking: a state, then a
+        # process, then both
+        browser.find_element(By.LINK_TEXT, "Tasks").click()
+        arrived(browser, "/tasks", "filters")
+        assert len(shown_tasks(browser)) == 3  # the chain, its dead-letter run, enviar's
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("succeeded")
+        browser.find_element(By.ID, "filter").click()
+        arrived(browser, "state=succeeded", "tasks")
+        assert shown_tasks(browser) == [("enviar", "succeeded")]
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("")
+        browser.find_element(By.ID, "process-filter").send_keys("faturar")
+        browser.find_element(By.ID, "filter").click()
+        arrived(browser, "state=&process=faturar", "tasks")
+        assert sorted(shown_tasks(browser)) == [("faturar", "dead_letter"), ("faturar", "failed")]
+        Select(browser.find_element(By.ID, "state-filter")).select_by_value("dead_letter")
+        browser.find_element(By.ID, "filter").click()
+        arrived(browser, "state=dead_letter&process=faturar", "tasks")
+        assert shown_tasks(browser) == [("faturar", "dead_letter")]
         # a bulk requeue of the ticked dead-letter run
-        browser.get(f"{base}/tasks?state=dead_letter")
         browser.find_element(By.CSS_SELECTOR, "#tasks input.pick").click()
         browser.find_element(By.ID, "bulk-requeue").click()
         WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "bulk-results"))
@@ -326,6 +449,49 @@ def test_a_browser_clicks_through_the_views_and_requeues_in_bulk(
             for cell in browser.find_elements(By.CSS_SELECTOR, "#tasks tbody td:nth-child(5)")
         ]
         assert "ready" in states  # the requeued task's new chain
+        # a pause by clicking, on the page and in the database; and a resume
+        browser.find_element(By.ID, "nav-processes").click()
+        arrived(browser, "/processes", "processes")
+        browser.find_element(By.CSS_SELECTOR, "button.pause[data-process='faturar']").click()
+        arrived(browser, "/processes?done=pause", "notice")
+        row = browser.find_element(By.CSS_SELECTOR, "#processes tr[data-process='faturar']")
+        assert row.find_element(By.CSS_SELECTOR, "td:nth-child(2)").text == "paused"
+        assert paused_in(engine, app) == {"faturar"}
+        browser.find_element(By.CSS_SELECTOR, "button.resume[data-process='faturar']").click()
+        arrived(browser, "/processes?done=resume", "notice")
+        row = browser.find_element(By.CSS_SELECTOR, "#processes tr[data-process='faturar']")
+        assert row.find_element(By.CSS_SELECTOR, "td:nth-child(2)").text == "no"
+        assert browser.find_elements(By.CSS_SELECTOR, "button.pause[data-process='faturar']")
+        assert paused_in(engine, app) == set()
+
+
+def arrived(browser: Any, url_part: str, element_id: str) -> None:
+    """Wait (30 s at most) for the page a click led to: its URL holds
+    ``url_part``, it has loaded, and it has the element ``element_id``."""
+    WebDriverWait(browser, 30).until(
+        lambda d: (
+            url_part in d.current_url
+            and d.execute_script("return document.readyState") == "complete"
+            and d.find_elements(By.ID, element_id)
+        )
+    )
+
+
+def shown_tasks(browser: Any) -> list[tuple[str, str]]:
+    """The task browser's rows: (process, state) each."""
+    return [
+        (
+            row.find_element(By.CSS_SELECTOR, "td:nth-child(4)").text,
+            row.find_element(By.CSS_SELECTOR, "td:nth-child(5)").text,
+        )
+        for row in browser.find_elements(By.CSS_SELECTOR, "#tasks tbody tr")
+    ]
+
+
+def paused_in(engine: Engine, app: App) -> set[str]:
+    """The processes paused, as the database says."""
+    with engine.connect() as conn:
+        return set(paused_processes(conn, app.Task))
 
 
 def chart_of(page: str) -> str:

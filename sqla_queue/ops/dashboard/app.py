@@ -26,7 +26,9 @@ time behind an opaque cursor), ``GET /api/tasks/ID`` (a task's timeline
 and payload), ``GET /api/workers`` (the workers holding tasks), ``GET /api/history``
 (attempts finished per minute, or per 15 minutes, and process: :mod:`.history`). Payloads
 are shown with their secrets masked (``redact_json``). A bad query
-parameter answers 400 with ``{"error": "..."}``.
+parameter answers 400 with ``{"error": "..."}``, and so does a bulk
+action's body of any other shape than documented (413 over 1 MB), before
+any task is touched.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from jinja2 import DictLoader, Environment, select_autoescape
 from markupsafe import Markup
 from sqlalchemy import Engine
 from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -71,6 +75,7 @@ from ...config.ranges import DEFAULT_LEASE_SECONDS, LEASE_SECONDS, TASK_ID, Rang
 from ...webhooks.guard import show_url
 from ..status import (
     STATES,
+    Timeline,
     dead_letter,
     describe_age,
     message_gloss,
@@ -124,6 +129,15 @@ DEFAULT_TASK_PAGE = 50
 BULK_MAX = 1_000
 #: the most pages of the task list a bulk action's filter reads
 BULK_PAGES_MAX = 200
+#: the largest body a bulk action keeps (1,000 ids take about 20 KB): a
+#: larger one answers 413
+BULK_BODY_MAX_BYTES = 1_048_576
+#: a larger body is still read, unkept, up to this size (_capped_body)
+_DRAINED_MAX_BYTES = 64 * 1_048_576
+#: the actions on a task, one at a time or in bulk
+TASK_ACTIONS = ("requeue", "cancel", "retry-now")
+#: the keys of a bulk action's JSON filter (``/api/tasks``'s, but a page's)
+BULK_FILTER_KEYS = ("state", "process", "external_key", "min_id", "max_id")
 
 
 @dataclass(frozen=True)
@@ -279,23 +293,30 @@ def create_app(
             return JSONResponse({"error": _bad_window(window)}, status_code=400)
         return JSONResponse(finished_history(engine, table, window=window).as_json())
 
+    def timeline_and_payload(task_id: int) -> tuple[Timeline, Any]:
+        """``task_id``'s timeline and its payload as the API gives it
+        (decoded, its secrets masked): a retry's row may hold none, its
+        chain's first attempt does. Raises TaskNotFoundError."""
+        timeline = task_timeline(engine, table, task_id)
+        with engine.connect() as conn:
+            adapter = adapter_of(engine.dialect, table, task_locks=False)
+            stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
+        return timeline, _payload(stored.get(task_id) or stored.get(timeline.chain_id))
+
     def task(request: Request) -> Response:
         task_id = _task_id(request.path_params["task_id"])
         if task_id is None:
             return page(request, "error.html", 404, error=_no_task(request))
         try:
-            timeline = task_timeline(engine, table, task_id)
+            timeline, payload = timeline_and_payload(task_id)
         except TaskNotFoundError as exc:
             return page(request, "error.html", 404, error=str(exc))
-        with engine.connect() as conn:
-            adapter = adapter_of(engine.dialect, table, task_locks=False)
-            stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
-        # the payload as the API gives it: decoded, its secrets masked; a
-        # retry's row may hold none, its chain's first attempt does
-        own = stored.get(task_id) or stored.get(timeline.chain_id)
-        payload = json.dumps(_payload(own), ensure_ascii=False, indent=2)
         return page(
-            request, "task.html", timeline=timeline, actions=_actions_for(timeline), payload=payload
+            request,
+            "task.html",
+            timeline=timeline,
+            actions=_actions_for(timeline),
+            payload=json.dumps(payload, ensure_ascii=False, indent=2),
         )
 
     def dead(request: Request) -> Response:
@@ -339,14 +360,10 @@ def create_app(
         if task_id is None:
             return JSONResponse({"error": _no_task(request)}, status_code=404)
         try:
-            timeline = task_timeline(engine, table, task_id)
+            timeline, payload = timeline_and_payload(task_id)
         except TaskNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
-        with engine.connect() as conn:
-            adapter = adapter_of(engine.dialect, table, task_locks=False)
-            stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
-        own = stored.get(task_id) or stored.get(timeline.chain_id)  # a retry's: its chain's
-        return JSONResponse({**timeline.as_json(), "payload": _payload(own)})
+        return JSONResponse({**timeline.as_json(), "payload": payload})
 
     def task_page(asked: dict[str, Any]) -> TaskPage:
         adapter = adapter_of(engine.dialect, table, task_locks=False)
@@ -460,7 +477,10 @@ def create_app(
             return _answer(request, 401, "log in to act on tasks")
         given = request.headers.get("x-csrf-token")
         if given is None:
-            form = await request.form()
+            try:
+                form = await _form(request)
+            except _BadQuery as exc:
+                return _answer(request, exc.status, str(exc))
             given = form.get("csrf")  # type: ignore[assignment]
         if not _same(given, session.csrf):
             return _answer(request, 403, _BAD_CSRF)
@@ -506,12 +526,13 @@ def create_app(
         if refused is not None:
             return refused
         action = request.path_params["action"]
-        if action not in ("requeue", "cancel", "retry-now"):
-            return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
+        unknown = _unknown_action(request, action, TASK_ACTIONS)
+        if unknown is not None:
+            return unknown
         try:
             ids, filters = await _bulk_request(request)
         except _BadQuery as exc:
-            return _answer(request, 400, str(exc))
+            return _answer(request, exc.status, str(exc))
         more = False
         if filters is not None:
             ids, more = matching(filters)
@@ -540,8 +561,9 @@ def create_app(
         if refused is not None:
             return refused
         action = request.path_params["action"]
-        if action not in ("requeue", "cancel", "retry-now"):
-            return _answer(request, 404, "no such action (requeue, cancel, retry-now)")
+        unknown = _unknown_action(request, action, TASK_ACTIONS)
+        if unknown is not None:
+            return unknown
         task_id = _task_id(request.path_params["task_id"])
         if task_id is None:
             return _answer(request, 404, _no_task(request))
@@ -560,9 +582,13 @@ def create_app(
         if refused is not None:
             return refused
         action = request.path_params["action"]
-        if action not in ("pause", "resume"):
-            return _answer(request, 404, "no such action (pause, resume)")
-        form = await request.form()
+        unknown = _unknown_action(request, action, ("pause", "resume"))
+        if unknown is not None:
+            return unknown
+        try:
+            form = await _form(request)
+        except _BadQuery as exc:
+            return _answer(request, exc.status, str(exc))
         process = form.get("process")
         if not isinstance(process, str) or not process:
             return _answer(request, 400, "give the process to pause or resume")
@@ -744,7 +770,15 @@ def _bad_window(window: str) -> str:
 
 
 class _BadQuery(ValueError):
-    """A query parameter no answer can be given for (400)."""
+    """A query parameter or a body no answer can be given for (400)."""
+
+    status = 400
+
+
+class _TooLarge(_BadQuery):
+    """A body over :data:`BULK_BODY_MAX_BYTES` (413)."""
+
+    status = 413
 
 
 def _task_filters(request: Request) -> dict[str, Any]:
@@ -754,38 +788,105 @@ def _task_filters(request: Request) -> dict[str, Any]:
     return _filters_of(request.query_params)
 
 
+async def _form(request: Request) -> FormData:
+    """The request's form. One python-multipart refuses (more than 1,000
+    fields, a field over 1 MB, a broken multipart body) raises _BadQuery:
+    Starlette would answer it in plain text."""
+    try:
+        return await request.form()
+    except HTTPException as exc:
+        raise _BadQuery(f"the form cannot be read: {exc.detail}") from None
+
+
 async def _bulk_request(request: Request) -> tuple[list[int], dict[str, Any] | None]:
     """A bulk action's tasks: ``{"ids": [...]}`` or ``{"filter": {...}}``
     (``/api/tasks``'s parameters) as JSON, or a form's ``ids`` fields, or
     its filter fields with ``everything`` set. (ids, None) or ([], the
-    filter); raises _BadQuery."""
-    if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            body = await request.json()
-        except ValueError:
-            raise _BadQuery("the body is not JSON") from None
-        if not isinstance(body, dict) or ("ids" in body) == ("filter" in body):
-            raise _BadQuery('give {"ids": [...]} or {"filter": {...}}')
-        if "filter" in body:
-            given = body["filter"]
-            if not isinstance(given, dict):
-                raise _BadQuery("filter is an object: state, process, external_key, min_id, max_id")
-            shown = {k: str(v) for k, v in given.items() if v is not None and k != "after"}
-            return [], _filters_of(shown)
-        listed = body["ids"]
-        if not isinstance(listed, list):
-            raise _BadQuery("ids is a list of task ids")
-        texts = [str(x) for x in listed]
-    else:
-        form = await request.form()
-        if form.get("everything"):
-            shown = {k: str(v) for k, v in form.items() if k not in ("after", "csrf", "ids")}
-            return [], _filters_of(shown)
-        texts = [str(x) for x in form.getlist("ids")]
+    filter); raises _BadQuery, before acting on anything, for any other
+    body: a filter key misspelt would otherwise match every task."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind == "application/json":
+        return _bulk_json(await _capped_body(request, BULK_BODY_MAX_BYTES))
+    if kind not in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        raise _BadQuery(
+            'send JSON (Content-Type: application/json), {"ids": [...]} or '
+            '{"filter": {...}}, or the /tasks page\'s form'
+        )
+    form = await _form(request)
+    if form.get("everything"):
+        shown = {k: str(v) for k, v in form.items() if k not in ("after", "csrf", "ids")}
+        return [], _filters_of(shown)
+    texts = [str(x) for x in form.getlist("ids")]
     if len(texts) > BULK_MAX:
         raise _BadQuery(f"at most {BULK_MAX} ids at once")
     ids = [_whole(text, "an id", TASK_ID) for text in texts]
     return list(dict.fromkeys(i for i in ids if i is not None)), None
+
+
+async def _capped_body(request: Request, limit: int) -> bytes:
+    """The request's body; _TooLarge past ``limit`` bytes. A larger body is
+    still read to its end, unkept, up to :data:`_DRAINED_MAX_BYTES` (a
+    client that is still sending when the connection closes sees a reset,
+    not the 413); past that, or a Content-Length above it, it is left."""
+    declared = request.headers.get("content-length", "")
+    too_large = _TooLarge(f"the body is over {limit:,} bytes")
+    if declared.isdigit() and int(declared) > _DRAINED_MAX_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > _DRAINED_MAX_BYTES:
+            break
+    if size > limit:
+        raise too_large
+    return b"".join(chunks)
+
+
+def _bulk_json(body: bytes) -> tuple[list[int], dict[str, Any] | None]:
+    """_bulk_request's answer for a JSON body: task ids as JSON integers,
+    a filter's ids too, its texts as strings; nothing else."""
+    try:
+        given = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        raise _BadQuery("the body is not JSON") from None
+    if not isinstance(given, dict) or set(given) not in ({"ids"}, {"filter"}):
+        raise _BadQuery('give {"ids": [...]} or {"filter": {...}}, and nothing else')
+    if "filter" in given:
+        return [], _filters_of(_json_filter(given["filter"]))
+    listed = given["ids"]
+    if not isinstance(listed, list):
+        raise _BadQuery("ids is a list of task ids")
+    if len(listed) > BULK_MAX:
+        raise _BadQuery(f"at most {BULK_MAX} ids at once")
+    for value in listed:
+        if not TASK_ID.contains(value):
+            raise _BadQuery(f"an id {_shown(json.dumps(value))} is not {TASK_ID.describe()}")
+    return list(dict.fromkeys(listed)), None
+
+
+def _json_filter(given: Any) -> dict[str, str]:
+    """A bulk action's JSON filter as ``/api/tasks``'s query parameters:
+    _BadQuery for an unknown key, a text that is not a string, an id that
+    is not a JSON integer (null: any)."""
+    keys = ", ".join(BULK_FILTER_KEYS)
+    if not isinstance(given, dict):
+        raise _BadQuery(f"filter is an object of {keys}")
+    found: dict[str, str] = {}
+    for key, value in given.items():
+        if key not in BULK_FILTER_KEYS:
+            raise _BadQuery(f"unknown filter key '{_shown(key)}': one of {keys}")
+        if value is None:
+            continue
+        if key.endswith("_id"):
+            if not TASK_ID.contains(value):
+                raise _BadQuery(f"{key} {_shown(json.dumps(value))} is not {TASK_ID.describe()}")
+        elif not isinstance(value, str):
+            raise _BadQuery(f"{key} is a string, not {_shown(json.dumps(value))}")
+        found[key] = str(value)
+    return found
 
 
 def _filters_of(query: Mapping[str, str]) -> dict[str, Any]:
@@ -946,6 +1047,13 @@ def _wants_json(request: Request) -> bool:
     return "x-csrf-token" in request.headers or "application/json" in request.headers.get(
         "accept", ""
     )
+
+
+def _unknown_action(request: Request, action: str, known: Sequence[str]) -> Response | None:
+    """404 for an action not in ``known``, or None."""
+    if action in known:
+        return None
+    return _answer(request, 404, f"no such action ({', '.join(known)})")
 
 
 def _answer(request: Request, code: int, message: str) -> Response:
