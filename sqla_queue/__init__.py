@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _moved
 from .client.queue import QueueClient
+from .client.workflow import Workflow, chain, group
 from .common.exceptions import (
     ConfigurationError,
     DuplicateTaskError,
@@ -84,8 +85,11 @@ __all__ = [
     "WorkerBase",
     "WorkerPubSubBase",
     "WorkerWebhook",
+    "Workflow",
+    "chain",
     "dead_subscriber",
     "duplicate_of",
+    "group",
     "install",
     "normalize_url",
     "payload_key",

@@ -65,6 +65,8 @@ from .limits import LimitQueries
 from .maintenance import MaintenanceQueries
 from .sqla_private import echo_on, events_flagged, invalidate_pooled
 from .unique import UniqueQueries, duplicate_error, refused_by_live_index
+from .workflow import WorkflowQueries
+from .workflow_view import WorkflowViewQueries
 
 __all__ = ["Adapter", "ClaimFilter", "HorizonHolder", "Listener", "LockHolder", "VacuumState"]
 
@@ -518,6 +520,17 @@ class Adapter:
     def archive(self) -> ArchiveQueries:
         """The Spark archive's statements (``adapters/archive.py``)."""
         return ArchiveQueries(self.table)
+
+    @functools.cached_property
+    def workflow(self) -> WorkflowQueries:
+        """Workflows' statements: steps, edges, releases
+        (``adapters/workflow.py``)."""
+        return WorkflowQueries(self)
+
+    @functools.cached_property
+    def workflow_view(self) -> WorkflowViewQueries:
+        """The operator's view of a workflow (``adapters/workflow_view.py``)."""
+        return WorkflowViewQueries(self)
 
     def fairness(self, column: str) -> FairnessQueries:
         """The key look-ups of per-key fairness on ``column``

@@ -30,7 +30,7 @@ from ..schema.configuration_table import (
     ConfigurationMixin,
     configuration_rows,
 )
-from ..schema.mixins import QueueMixin
+from ..schema.mixins import QueueMixin, workflow_tables
 from ..schema.subscribers import SubscriberMixin
 
 __all__ = ["DIALECTS", "queue_ddl", "queue_tables"]
@@ -57,9 +57,10 @@ def queue_tables(
     metadata: MetaData | None = None,
 ) -> list[Table]:
     """The tables of queue ``schema.queue``, made by the mixins on ``metadata``
-    (a new one by default): the queue table (channel: the queue's name) and
-    ``<queue>_status``, then ``<queue>_subscriber``, ``queue_configuration``
-    and ``<queue>_unique`` when asked for. ``unique_processes``: the
+    (a new one by default): the queue table (channel: the queue's name),
+    ``<queue>_status``, ``<queue>_wf_steps`` and ``<queue>_wf_edges``, then
+    ``<queue>_subscriber``, ``queue_configuration`` and ``<queue>_unique``
+    when asked for. ``unique_processes``: the
     processes the model declares unique (``Unique(name)``), whose live-key
     index the queue table's creation makes too (``<queue>_unique`` with it)."""
     validate_identifier(queue, "queue name")
@@ -90,6 +91,9 @@ def queue_tables(
     from ..ops.status_counts import status_table
 
     tables.append(status_table(tables[0]))
+    # the workflows' steps and edges (docs/workflows.md), made with it too
+    workflows = workflow_tables(tables[0])
+    tables += [workflows.steps, workflows.edges]
     if unique:
         from ..enqueue.unique import unique_table
 

@@ -40,7 +40,7 @@ from sqlalchemy.dialects import postgresql
 from ..adapters.unique import live_index_names, live_key_drop_statements, live_key_statements
 from ..common.identifiers import derived_identifier, validate_identifier
 from ..schema.configuration_table import SettingRow
-from ..schema.mixins import QUEUE_INDEX_INFO, notify_trigger_ddl
+from ..schema.mixins import COMPANION_INDEX_INFO, QUEUE_INDEX_INFO, notify_trigger_ddl
 
 __all__ = [
     "AlterQueueChannelOp",
@@ -615,8 +615,15 @@ def _rename_live_index(operations: Operations, op: RenameQueueTableOp) -> None:
 
 
 def _rename_index(
-    operations: Operations, op: RenameQueueTableOp, old_name: str, new_name: str
+    operations: Operations,
+    op: RenameQueueTableOp,
+    old_name: str,
+    new_name: str,
+    table_name: str | None = None,
 ) -> None:
+    """Index ``old_name`` of ``table_name`` (the renamed queue table by
+    default) renamed ``new_name``."""
+    table_name = table_name or op.new_table_name
     bind = operations.get_bind()
     dialect = bind.dialect.name
     quote = bind.dialect.identifier_preparer.quote
@@ -634,24 +641,32 @@ def _rename_index(
         operations.execute(str(sql).replace(old_name, new_name, 1))
     else:
         operations.execute(
-            f"ALTER TABLE {owner}{quote(op.new_table_name)} "
+            f"ALTER TABLE {owner}{quote(table_name)} "
             f"RENAME INDEX {quote(old_name)} TO {quote(new_name)}"
         )
 
 
 def _rename_companions(operations: Operations, op: RenameQueueTableOp) -> None:
     """The tables that go with a queue table, where the database has them:
-    ``<table>_status`` (status's kept counts) and ``<table>_unique`` (unique
-    tasks' keys). Offline (``--sql``) the database cannot be asked: rename
-    them by hand there."""
+    ``<table>_status`` (status's kept counts), ``<table>_unique`` (unique
+    tasks' keys), ``<table>_wf_steps`` and ``<table>_wf_edges`` (workflows).
+    Offline (``--sql``) the database cannot be asked: rename them by hand
+    there."""
+    from .ddl import queue_tables  # the ddl module imports the mixins' models
+
     if operations.get_context().as_sql:
         return
     inspector = inspect(operations.get_bind())
-    for suffix in ("status", "unique"):
+    renamed = {table.name: table for table in queue_tables(op.schema, op.new_table_name)}
+    for suffix in ("status", "unique", "wf_steps", "wf_edges"):
         old_name = derived_identifier(op.old_table_name, suffix, "")
         if inspector.has_table(old_name, schema=op.schema):
             new_name = derived_identifier(op.new_table_name, suffix, "")
             operations.rename_table(old_name, new_name, schema=op.schema)
+            table = renamed.get(new_name)
+            for index in [] if table is None else sorted(table.indexes, key=lambda i: str(i.name)):
+                old_index = derived_identifier(old_name, index.info[COMPANION_INDEX_INFO], "ix_")
+                _rename_index(operations, op, old_index, str(index.name), new_name)
 
 
 @renderers.dispatch_for(RenameQueueTableOp)

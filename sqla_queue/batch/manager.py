@@ -72,6 +72,7 @@ from ..schema.rows import (
     retry_row,
 )
 from .transaction import Group, JoinPolicy, Lane, LaneSession, ThreadGate
+from .workflow import StepLinks
 
 if TYPE_CHECKING:
     from ..policies.leases import Claims, LeasePolicy
@@ -218,6 +219,8 @@ class TaskManager:
         self.owner = claims.owner
         self.lease = lease
         self._joins = JoinPolicy(commit_budget)
+        #: workflow steps: their children, results and releases (workflow.py)
+        self.steps = StepLinks(adapter)
 
     @property
     def commit_budget(self) -> float:
@@ -242,6 +245,8 @@ class TaskManager:
         self.claims.add(task.id for task in tasks)
         if self.lease_for is not None and tasks:
             self._own_leases(conn, tasks)
+        if tasks and self.steps.present is not False:
+            self.steps.link(conn, tasks)
         return tasks
 
     @property
@@ -435,8 +440,14 @@ class TaskManager:
             return
         conn = lane.work_conn
         assert conn is not None
-        # a batch of one whose handler sent nothing may commit its completion alone
-        alone = len(group.done) == 1 and not group.failed and not group.hand_back
+        # a batch of one whose handler sent nothing may commit its completion
+        # alone (not a workflow step's: its children's release commits with it)
+        alone = (
+            len(group.done) == 1
+            and not group.failed
+            and not group.hand_back
+            and not group.succeeded[0][0]._children
+        )
         try:
             if lane.transaction is None:
                 lane.transaction = conn.begin()
@@ -451,6 +462,8 @@ class TaskManager:
                     len(group.done),
                 )
                 raise ClaimLost()
+            if self.steps.present:
+                self.steps.advance(conn, [task for task, _ in group.succeeded])
             self.adapter.task_hand_back_many(conn, ids=group.hand_back, owner=self.owner)
             lane.transaction.commit()
             lane.transaction = None
@@ -589,8 +602,10 @@ class TaskManager:
         a transaction is done (no webhook call). The hooks' event of each
         task's outcome, in order (None: a failure not recorded)."""
         handler = compose(handler, conn, self.stages, self.middleware)
+        self.steps.link(conn, tasks)
         outcomes: list[str | None] = []
         done: list[tuple[int, str | None]] = []
+        succeeded: list[TaskRecord] = []
         for task in tasks:
             started = time.perf_counter()
             message = self._run_one(conn, task, handler)
@@ -598,6 +613,7 @@ class TaskManager:
                 outcomes.append(message.event)
             else:
                 done.append((task.id, message))
+                succeeded.append(task)
                 outcomes.append(TASK_SUCCEEDED)
                 logger.info(
                     "%s returned in %.1f ms (in the caller's transaction, not committed)",
@@ -606,6 +622,8 @@ class TaskManager:
                     extra=task_fields(task),
                 )
         self.adapter.task_complete_many(conn, results=done, owner=self.owner)
+        if self.steps.present:
+            self.steps.advance(conn, succeeded)
         return outcomes
 
     def _retryable(self, exc: DBAPIError) -> bool:
@@ -624,8 +642,12 @@ class TaskManager:
             if lane is None
             else LaneSession(lane)
         )
+        if self.steps.present:
+            self.steps.prepare(task, session)
         try:
             returned = handler(task, session)
+            if task._children:  # a workflow step's result, for its children
+                self.steps.keep_result(task, returned)
             if _touched(session):
                 session.commit()  # flush, then RELEASE the savepoint
         except Exception as exc:
@@ -660,6 +682,8 @@ class TaskManager:
         finally:
             if _touched(session) or session.identity_map:
                 session.close()
+            if self.steps.present:
+                self.steps.forget(task)
         return None if returned is None else fit_message(str(returned), MESSAGE_MAX_LENGTH)
 
     def _hand_back_after_rollback(self, conn: Connection, ids: list[int]) -> None:
@@ -783,6 +807,8 @@ class TaskManager:
             task_label(task),
             extra=task_fields(task),
         )
+        if self.steps.present is not False:
+            self.steps.failed(conn, task)  # its workflow's policy, in this transaction
         return TASK_DEAD
 
     def _update_claimed(

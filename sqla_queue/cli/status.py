@@ -4,7 +4,8 @@ and ``retry-now`` (acting on waiting tasks).
 ``status`` counts tasks, not attempts (the definitions: sqla_queue.ops.status
 and docs/operations.md) and renders them with rich; ``--json`` prints
 exactly one JSON object, ``--watch`` refreshes in place, ``--task ID``
-shows one chain as a timeline. Task messages are shown as text, never as
+shows one chain as a timeline, ``--workflow ID`` a workflow's steps
+(sqla_queue.ops.workflow_view). Task messages are shown as text, never as
 markup, their control characters escaped (checks.shown); ``--json`` is
 json.dumps' (every non-ASCII character escaped).
 """
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from ..ops.status import QueueStatus, Timeline
+    from ..ops.workflow_view import WorkflowStatus
 
 # rich and sqla_queue.ops.status are imported by the commands that use them:
 # every other command (a worker's start, each CLI call) skips their import
@@ -52,6 +54,9 @@ _URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
 )
 @click.option("--task", "task_id", type=Number(TASK_ID), help="one task's chain as a timeline")
 @click.option(
+    "--workflow", "workflow_id", type=Number(TASK_ID), help="one workflow's steps and states"
+)
+@click.option(
     "--window",
     type=Duration(WINDOW_SECONDS),
     default="5m",
@@ -65,6 +70,7 @@ def status(
     watch: bool,
     interval: float,
     task_id: int | None,
+    workflow_id: int | None,
     window: dt.timedelta,
 ) -> None:
     """What WORKER's queue is doing: tasks by process and state (ready,
@@ -76,14 +82,19 @@ def status(
 
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
+    if workflow_id is not None and (task_id is not None or watch):
+        raise click.UsageError("--workflow goes without --task and --watch")
     with _operator(worker, url) as queue:
         model = queue.model
+        if workflow_id is not None:
+            from ..ops.workflow_view import workflow_status
+
+            found = workflow_status(queue.engine, model, workflow_id)
+            _show_one(as_json, found.as_dict, lambda: _render_workflow(found))
+            return
         if task_id is not None:
             timeline = task_timeline(queue.engine, model, task_id)
-            if as_json:
-                click.echo(json.dumps(timeline.as_json()))
-            else:
-                _console().print(_render_timeline(timeline))
+            _show_one(as_json, timeline.as_json, lambda: _render_timeline(timeline))
             return
 
         def take() -> QueueStatus:
@@ -100,6 +111,16 @@ def status(
             _watch(take, interval)
         else:
             _console().print(_render(take()))
+
+
+def _show_one(
+    as_json: bool, data: Callable[[], dict[str, Any]], rendered: Callable[[], Group]
+) -> None:
+    """One object: its JSON (``--json``), else its rendering."""
+    if as_json:
+        click.echo(json.dumps(data()))
+    else:
+        _console().print(rendered())
 
 
 def _console() -> Console:
@@ -299,6 +320,31 @@ def _render_timeline(timeline: Timeline) -> Group:
             # a traceback is lines by design: its newlines stay
             parts.append(_text(row.traceback, multiline=True))
     return Group(*parts)
+
+
+def _render_workflow(found: WorkflowStatus) -> Group:
+    """The steps as a table (no result: the handlers' data, in --json only)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    title = (
+        f"workflow {found.workflow} of {found.queue} (on failure: {found.on_failure}): "
+        f"{found.state}"
+    )
+    counts = ", ".join(f"{n:,} {state}" for state, n in found.counts().items())
+    table = Table(title=_text(f"{title}; steps: {counts}"), title_justify="left")
+    for column in ("step", "process", "state", "attempt", "task", "parents"):
+        table.add_column(column, no_wrap=column != "parents")
+    for step in found.steps:
+        table.add_row(
+            str(step.id),
+            _text(step.process),
+            _text(step.label),
+            "-" if step.attempt is None else str(step.attempt),
+            "-" if step.task_id is None else str(step.task_id),
+            step.parents_shown(),
+        )
+    return Group(table)
 
 
 def _message(message: str | None) -> Text:

@@ -163,6 +163,10 @@ class AsyncQueueClient:
             lambda client: client.cancel_process(process, older_than=older_than, limit=limit)
         )
 
+    async def cancel_workflow(self, workflow_id: int) -> list[int]:
+        """:meth:`QueueClient.cancel_workflow <sqla_queue.QueueClient.cancel_workflow>`."""
+        return await self._run(lambda client: client.cancel_workflow(workflow_id))
+
     async def retry_now(self, task_id: int) -> int:
         """:meth:`QueueClient.retry_now <sqla_queue.QueueClient.retry_now>`."""
         return await self._run(lambda client: client.retry_now(task_id))

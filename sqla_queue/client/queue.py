@@ -361,6 +361,16 @@ class QueueClient:
             ).ids
         )
 
+    def cancel_workflow(self, workflow_id: int) -> list[int]:
+        """Cancel workflow ``workflow_id``'s waiting steps (docs/workflows.md):
+        each becomes ``falha`` "Tarefa cancelada pelo operador.", as
+        :meth:`cancel` writes it. Returns the task rows changed; an unknown
+        workflow raises ``TaskNotFoundError``. In the caller's transaction."""
+        from .workflow import cancel_workflow
+
+        conn = self.connection
+        return cancel_workflow(conn, self._adapter(conn), workflow_id)
+
     def retry_now(self, task_id: int) -> int:
         """Run task ``task_id``'s scheduled attempt (a retry waiting out its
         backoff, or a task scheduled for later) now. Returns that attempt's

@@ -506,6 +506,85 @@ def add_queue_schema(
     # with the insertion order.
     index("data_hora", c.data_hora, postgresql_using="brin")
     _add_notify_trigger(table, channel)
+    workflow_tables(table)
+
+
+# ---------------------------------------------------------------- workflows
+#: what a workflow does when one of its steps goes to the dead letter: its
+#: waiting descendants are cancelled, or its children run as if it had
+#: succeeded (with None for its result)
+ON_FAILURE = ("stop", "continue")
+#: a step's result (its handler's return value, as JSON) holds at most this
+#: many bytes (what a TEXT column holds on MySQL); a larger one fails the step
+RESULT_MAX_BYTES = 65_535
+#: ``<table>_wf_steps.state`` of a step the stop policy or an operator cancelled
+STEP_CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class WorkflowTables:
+    """The two tables beside a queue table that hold its workflows
+    (docs/workflows.md): ``steps`` (one row per step: its workflow, its
+    workflow's failure policy, its result) and ``edges`` (child, parent,
+    the parent's position among the child's parents, done)."""
+
+    steps: Table
+    edges: Table
+
+
+COMPANION_INDEX_INFO = "sqla_queue_companion_index"
+"""``Index.info`` key of an index of a table beside a queue table (the
+workflows'): its name is ``ix_<that table>_<the value>``, which
+``rename_queue_table`` renames with the table."""
+
+
+def _companion_index(table_name: str, suffix: str, *columns: str) -> Index:
+    return Index(
+        derived_identifier(table_name, suffix, "ix_"),
+        *columns,
+        info={COMPANION_INDEX_INFO: suffix},
+    )
+
+
+def workflow_tables(table: Table) -> WorkflowTables:
+    """``<table>_wf_steps`` and ``<table>_wf_edges`` in the queue table's
+    MetaData (made and dropped with it by ``create_all``, printed by
+    ``sqla-queue ddl``, added by autogenerate). A step is its task's chain:
+    ``step_id`` is the id of the chain's first row, which its retries carry
+    as ``id_inicial``. No foreign key: the purge deletes finished chains
+    without knowing of workflows."""
+    metadata = table.metadata
+    names = [derived_identifier(table.name, suffix, "") for suffix in ("wf_steps", "wf_edges")]
+    for name in names:
+        validate_identifier(name, "workflow table name")
+    keys = [f"{table.schema}.{name}" if table.schema else name for name in names]
+    if keys[0] in metadata.tables and keys[1] in metadata.tables:
+        return WorkflowTables(metadata.tables[keys[0]], metadata.tables[keys[1]])
+    big = BigInteger().with_variant(Integer, "sqlite")
+    steps = Table(
+        names[0],
+        metadata,
+        Column("step_id", big, primary_key=True, autoincrement=False),
+        Column("workflow_id", big, nullable=False),
+        Column("on_failure", String(16), nullable=False),
+        Column("result", Text),
+        Column("state", String(16)),
+        _companion_index(names[0], "workflow", "workflow_id"),
+        schema=table.schema,
+        info={"sqla_queue_workflow_of": table.name},
+    )
+    edges = Table(
+        names[1],
+        metadata,
+        Column("child_id", big, primary_key=True, autoincrement=False),
+        Column("parent_id", big, primary_key=True, autoincrement=False),
+        Column("position", Integer, nullable=False),
+        Column("done", Boolean, nullable=False, default=False, server_default=false()),
+        _companion_index(names[1], "parent", "parent_id"),
+        schema=table.schema,
+        info={"sqla_queue_workflow_of": table.name},
+    )
+    return WorkflowTables(steps, edges)
 
 
 _STATUS_VALUES = frozenset(status.value for status in Status)

@@ -8,7 +8,7 @@ keeps working.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -83,6 +83,14 @@ class TaskRecord(SeedColumns):
     #: carried to the task's retry and dead-letter rows
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     _decoded: list[Any] = field(default_factory=list, repr=False, compare=False)
+    #: a workflow step's children (step ids), read when the task was claimed
+    #: (the manager's): their release commits with this task's ``sucesso``
+    _children: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    #: the handler's return value as JSON, kept for the children to read
+    _result: str | None = field(default=None, repr=False, compare=False)
+    #: reads the parents' results on the handler's transaction (the manager
+    #: sets it before the handler runs, where the queue has workflow tables)
+    _parents: Callable[[], list[Any]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TaskRecord:
@@ -128,6 +136,25 @@ class TaskRecord(SeedColumns):
         """The id of the first attempt of this task."""
         return self.initial_id or self.id
 
+    @property
+    def step_id(self) -> int | None:
+        """The workflow step this attempt runs, if it is one: its chain, or
+        for a chain requeued from the dead letter, the chain it revives
+        (``live_id``). None for a dead-letter run, which releases nothing."""
+        if self.dead:
+            return None
+        return self.live_id if self.live_id is not None else self.chain_id
+
+    def parent_results(self) -> list[Any]:
+        """The results of this workflow step's parents (their handlers'
+        return values, decoded from JSON), in the order the parents were
+        given: one for a step of a chain, the group's in its order for a
+        group's callback; None for a parent that failed under the
+        ``continue`` policy. Empty for a task that is not a step. Read in
+        the handler's transaction (docs/workflows.md)."""
+        reader = self._parents
+        return [] if reader is None else reader()
+
     def as_dict(self) -> dict[str, Any]:
         """The seed's ``tarefa`` dict: seed column names to values."""
         return {column: self[column] for column in _ATTRIBUTES}
@@ -138,4 +165,5 @@ TaskRecord.seed_attributes = _ATTRIBUTES
 
 _COLUMN_ORDER = [COLUMN_NAMES[f.name] for f in fields(TaskRecord) if f.name in COLUMN_NAMES]
 _KNOWN = frozenset(COLUMN_NAMES.values())
-assert set(COLUMN_NAMES) == {f.name for f in fields(TaskRecord)} - {"_decoded", "extra"}
+_PRIVATE = {"_decoded", "extra", "_children", "_result", "_parents"}
+assert set(COLUMN_NAMES) == {f.name for f in fields(TaskRecord)} - _PRIVATE

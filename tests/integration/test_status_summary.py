@@ -268,7 +268,7 @@ def test_without_the_status_table_every_new_process_counts_everything(
         __tablename__ = table_name
         __queue_status_table__ = False
 
-    assert list(Base.metadata.tables) == [table_name]
+    assert f"{table_name}_status" not in Base.metadata.tables
     with created_engine(db_url, Base.metadata) as engine:
         with engine.begin() as conn:
             QueueClient(conn, Task).insert_tasks([{"processo": "p", "payload": {}}] * 9)

@@ -86,6 +86,8 @@ from ..status import (
 from .assets import CSS, JS, TEMPLATES
 from .auth import DashboardSession, LoginThrottle, SessionStore
 from .history import WINDOWS, chart, finished_history
+from .workflows import TEMPLATES as WORKFLOW_TEMPLATES
+from .workflows import workflow_routes
 
 __all__ = ["COOKIE", "LOCAL_HOSTS", "DashboardConfig", "allowed_hosts", "create_app"]
 
@@ -197,7 +199,7 @@ def create_app(
     # the model, when given one: it names its configuration table
     queue: Any = model if isinstance(model, type) else table
     env = Environment(
-        loader=DictLoader(TEMPLATES),
+        loader=DictLoader({**TEMPLATES, **WORKFLOW_TEMPLATES}),
         autoescape=select_autoescape(default=True),
         finalize=_visible,
     )
@@ -691,6 +693,9 @@ def create_app(
         Route("/static/app.css", css),
         Route("/static/app.js", js),
         Route("/favicon.ico", lambda request: Response(status_code=204)),
+        *workflow_routes(
+            engine, table, root=config.root, page=page, reader=reader, parse_id=_task_id
+        ),
     ]
     return Starlette(
         routes=routes,
