@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 from ..adapters import Adapter, adapter_of
 from ..common.exceptions import ConfigurationError, InvalidTaskError, TaskNotFoundError
 from ..schema.mixins import ON_FAILURE, QueueMixin, Status
-from ..schema.rows import CANCELLED_MESSAGE
+from ..schema.rows import CANCELLED_MESSAGE, STEP_MESSAGE
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -85,6 +85,10 @@ class Workflow:
                         f"give it no run_at ({task!r})"
                     )
                 task.status = Status.SCHEDULED.value
+        parents = {id(parent) for _, parent, _ in graph.edges}
+        for task in graph.tasks:
+            if id(task) in parents:  # the claim reads the children of these only
+                task.message = STEP_MESSAGE
         session.add_all(graph.tasks)
         session.flush()
         mapper = inspect(graph.tasks[0]).mapper

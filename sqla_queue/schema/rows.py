@@ -27,6 +27,7 @@ __all__ = [
     "PUBLISHED_MESSAGE",
     "RESCUED_ERROR",
     "RETRY_SUFFIX",
+    "STEP_MESSAGE",
     "SUCCESS_MESSAGE",
     "SUFFIX_GLOSSES",
     "carried_columns",
@@ -55,6 +56,12 @@ NO_SUBSCRIBERS_MESSAGE = "Não haviam assinantes configurados! Tarefa descartada
 #: a waiting task an operator cancelled (``sqla-queue cancel``); its status
 #: is ``falha`` with ``estouro_tentativas`` false: finished, not dead-lettered
 CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
+#: ``mensagem`` of a workflow step that others wait for, until it ends (the
+#: success's or the failure's text replaces it; a retry carries it): how a
+#: worker knows, from the claimed row alone, that this task has children to
+#: release (client/workflow.py, batch/workflow.py), without a statement for
+#: every other task
+STEP_MESSAGE = "Etapa de fluxo: ao concluir, libera as etapas seguintes."
 
 #: a dead-letter run the default handler ran (``WorkerBase.execute_dead``):
 #: its text after "Tarefa com ID <the chain>" (:func:`dead_letter_message`)
@@ -73,6 +80,7 @@ MESSAGE_GLOSSES = {
     PUBLISHED_MESSAGE: "published to the subscribers",
     NO_SUBSCRIBERS_MESSAGE: "no subscriber configured: discarded, nothing done",
     CANCELLED_MESSAGE: "cancelled by the operator",
+    STEP_MESSAGE: "a workflow step: its success releases the steps after it",
 }
 SUFFIX_GLOSSES = {
     RETRY_SUFFIX: "retry enqueued",
@@ -136,6 +144,8 @@ def retry_row(
         "data_hora_anterior": task.run_at,
         "status_anterior": failed_status,
         "mensagem_anterior": message,
+        # a workflow step's next attempt still has children to release
+        "mensagem": STEP_MESSAGE if task.message == STEP_MESSAGE else None,
         "payload": None,  # the first attempt keeps it
         "dead": task.dead,
         "live_id": task.live_id,

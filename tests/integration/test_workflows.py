@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from sqla_queue import QueueClient, TaskNotFoundError, chain, group
 from sqla_queue.config.settings import Settings
 from sqla_queue.schema.mixins import workflow_tables
-from sqla_queue.schema.rows import CANCELLED_MESSAGE
+from sqla_queue.schema.rows import CANCELLED_MESSAGE, STEP_MESSAGE
 from sqla_queue.worker import Runner
 from tests.integration.test_worker import drain, effects, tasks
 from tests.support.app import App
@@ -61,7 +61,7 @@ def flow_worker(app: App, seen: Seen, observer: Engine | None = None, **attribut
                 seen.parents[name] = parents
                 seen.runs.append(name)
             session.add(app.Effect(task_id=task.id, chain_id=task.chain_id, note=name))
-            if payload.get("fail"):
+            if payload.get("fail") or (payload.get("fail_first") and task.attempt == 1):
                 raise RuntimeError(f"step {name} fails on purpose")
             return payload.get("value", name)
 
@@ -102,6 +102,29 @@ def test_a_chain_runs_in_order_and_each_step_reads_its_parents_result(
     assert ran(engine, app) == ["a", "b", "c"]
     assert seen.parents == {"a": [], "b": [{"from": "a"}], "c": [{"from": "b"}]}
     assert [t.status for t in tasks(engine, app)] == ["sucesso"] * 3
+
+
+def test_a_parent_that_succeeds_at_its_second_attempt_still_releases_its_child(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """The claim reads the children of the tasks marked STEP_MESSAGE only:
+    the enqueue marks the steps others wait for, and a retry carries the
+    mark (without it the retry's success would release nothing and the
+    child would wait for good)."""
+    seen = Seen()
+    a, b = step(app, "a", fail_first=True), step(app, "b")
+    enqueue_flow(engine, chain(a, b))
+    assert [t.message for t in tasks(engine, app)] == [STEP_MESSAGE, None]
+
+    drain(flow_worker(app, seen, max_retry=2), engine)
+
+    assert ran(engine, app) == ["a", "b"]  # the first attempt's effect rolled back
+    # by id: a's first attempt, b, a's retry
+    assert [(t.attempt, t.status) for t in tasks(engine, app)] == [
+        (1, "falha"),
+        (1, "sucesso"),
+        (2, "sucesso"),
+    ]
 
 
 def test_an_enqueue_rolled_back_leaves_no_task_step_or_edge(
