@@ -15,6 +15,7 @@ meanwhile is left to it.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..schema.rows import dead_letter_row
 from .base import Routine, RoutineResult
 from .clock import Clock
 
-__all__ = ["TtlConfig", "TtlRoutine"]
+__all__ = ["TtlConfig", "TtlRoutine", "expiry_gloss"]
 
 TTL_CHUNK = Range(1, 100_000, integer=True)
 
@@ -50,8 +51,30 @@ class TtlConfig:
 
     def message(self, dead: bool) -> str:
         head = f"Tarefa expirada: pendente há mais de {self.ttl_minutes:g} minutos (item_ttl)."
-        tail = " Fila de mortos: sem nova execução." if dead else " Enviada à fila de mortos."
-        return fit_message(head + tail, MESSAGE_MAX_LENGTH)
+        return fit_message(head + (_DEAD_TAIL if dead else _LIVE_TAIL), MESSAGE_MAX_LENGTH)
+
+
+_DEAD_TAIL = " Fila de mortos: sem nova execução."
+_LIVE_TAIL = " Enviada à fila de mortos."
+_EXPIRED = re.compile(
+    r"Tarefa expirada: pendente há mais de (?P<minutes>\S+) minutos \(item_ttl\)\.(?P<tail>.*)",
+    re.DOTALL,
+)
+_TAIL_GLOSSES = {
+    _DEAD_TAIL: "; a dead-letter run: none follows",
+    _LIVE_TAIL: "; sent to the dead letter",
+    "": "",
+}
+
+
+def expiry_gloss(message: str) -> str | None:
+    """:meth:`TtlConfig.message`'s text in English, for a person (None:
+    not that text)."""
+    found = _EXPIRED.fullmatch(message)
+    if found is None or found["tail"] not in _TAIL_GLOSSES:
+        return None
+    head = f"expired: ready for more than {found['minutes']} minutes (item_ttl)"
+    return head + _TAIL_GLOSSES[found["tail"]]
 
 
 class TtlRoutine(Routine):

@@ -85,6 +85,7 @@ from ..common.exceptions import ConfigurationError, TaskNotFoundError
 from ..common.types import utcnow
 from ..maintenance import ROUTINES
 from ..maintenance.periodic import Periodic, last_runs, next_runs
+from ..maintenance.ttl import expiry_gloss
 from ..schema.configuration_table import configuration_table_of
 from ..schema.mixins import QueueMixin, Status
 from ..schema.rows import CANCELLED_MESSAGE, MESSAGE_GLOSSES, SUFFIX_GLOSSES
@@ -633,6 +634,9 @@ def message_gloss(message: str | None) -> str | None:
     text = message.strip()
     if text in MESSAGE_GLOSSES:
         return MESSAGE_GLOSSES[text]
+    expired = expiry_gloss(text)
+    if expired is not None:
+        return expired
     for suffix, gloss in SUFFIX_GLOSSES.items():
         # failure_message drops the suffix's period after an error's own
         bare = suffix.removeprefix(".")
