@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sqla_queue.common.types import utcnow
-from sqla_queue.ops.metrics import QueueMetrics
+from sqla_queue.ops.metrics import QueueMetrics, TaskStates
 from sqla_queue.policies.hooks import TASK_FAILED, TASK_SUCCEEDED, Hooks, TaskEvent
 from sqla_queue.schema.records import TaskRecord
 
@@ -39,6 +39,8 @@ def served(families: bool = False) -> set[str]:
     metrics.batch.labels("fila").observe(1)
     metrics.routines.labels("fila", "rescue", "ok").inc()
     metrics.reconnects.labels("fila").inc()
+    # what serve() adds for sqla-queue worker --metrics-port
+    registry.register(TaskStates("fila", lambda: {"ready": 1}))
     if families:
         return {
             f"{family.name}_total" if family.type == "counter" else family.name
