@@ -470,6 +470,16 @@ def create_app(
             window=describe_age(config.window_seconds),
         )
 
+    async def write_action(request: Request, actions: Sequence[str]) -> str | Response:
+        """The path's action, one of ``actions``, for a write that may go
+        ahead; else the answer refusing it (refuse_write, then the action)."""
+        refused = await refuse_write(request)
+        if refused is not None:
+            return refused
+        action = request.path_params["action"]
+        unknown = _unknown_action(request, action, actions)
+        return action if unknown is None else unknown
+
     async def refuse_write(request: Request) -> Response | None:
         """Why a write is refused (read-only, no login, a bad CSRF token), or None."""
         if config.read_only:
@@ -524,13 +534,9 @@ def create_app(
         return found, True
 
     async def bulk(request: Request) -> Response:
-        refused = await refuse_write(request)
-        if refused is not None:
-            return refused
-        action = request.path_params["action"]
-        unknown = _unknown_action(request, action, TASK_ACTIONS)
-        if unknown is not None:
-            return unknown
+        action = await write_action(request, TASK_ACTIONS)
+        if isinstance(action, Response):
+            return action
         try:
             ids, filters = await _bulk_request(request)
         except _BadQuery as exc:
@@ -559,13 +565,9 @@ def create_app(
         return page(request, "bulk.html", bulk=answer, bound=BULK_MAX)
 
     async def act(request: Request) -> Response:
-        refused = await refuse_write(request)
-        if refused is not None:
-            return refused
-        action = request.path_params["action"]
-        unknown = _unknown_action(request, action, TASK_ACTIONS)
-        if unknown is not None:
-            return unknown
+        action = await write_action(request, TASK_ACTIONS)
+        if isinstance(action, Response):
+            return action
         task_id = _task_id(request.path_params["task_id"])
         if task_id is None:
             return _answer(request, 404, _no_task(request))
@@ -580,13 +582,9 @@ def create_app(
         return RedirectResponse(f"{config.root}/tasks/{shown}?done={action}", status_code=303)
 
     async def pausing(request: Request) -> Response:
-        refused = await refuse_write(request)
-        if refused is not None:
-            return refused
-        action = request.path_params["action"]
-        unknown = _unknown_action(request, action, ("pause", "resume"))
-        if unknown is not None:
-            return unknown
+        action = await write_action(request, ("pause", "resume"))
+        if isinstance(action, Response):
+            return action
         try:
             form = await _form(request)
         except _BadQuery as exc:
