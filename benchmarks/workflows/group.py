@@ -69,25 +69,36 @@ def run_worker(lanes: int) -> float:
 def independent(n: int, lanes: int) -> dict[str, Any]:
     fresh()
     engine = create_engine(URL)
+    enqueue_started = time.perf_counter()
     with engine.begin() as conn:
         QueueClient(conn, Task).insert_tasks(
             {"process": "p", "payload": {"i": i}} for i in range(n)
         )
+    enqueue_seconds = time.perf_counter() - enqueue_started
     seconds = run_worker(lanes)
     with engine.connect() as conn:
         done = conn.execute(select(func.count()).where(Task.status == "sucesso")).scalar_one()
     engine.dispose()
-    return {"kind": "independent", "n": n, "done": done, "seconds": seconds, "rate": n / seconds}
+    return {
+        "kind": "independent",
+        "n": n,
+        "done": done,
+        "seconds": seconds,
+        "rate": n / seconds,
+        "enqueue_seconds": enqueue_seconds,
+    }
 
 
 def grouped(n: int, lanes: int) -> dict[str, Any]:
     fresh()
     install(Session)
     engine = create_engine(URL)
+    enqueue_started = time.perf_counter()
     with Session(engine, expire_on_commit=False) as session, session.begin():
         steps = [Task(process="p", payload={"i": i}) for i in range(n)]
         callback = Task(process="p", payload={"callback": True})
         group(*steps).then(callback).enqueue(session)
+    enqueue_seconds = time.perf_counter() - enqueue_started
     seconds = run_worker(lanes)
     with engine.connect() as conn:
         done = conn.execute(select(func.count()).where(Task.status == "sucesso")).scalar_one()
@@ -104,6 +115,7 @@ def grouped(n: int, lanes: int) -> dict[str, Any]:
         "done": done,
         "seconds": seconds,
         "rate": n / seconds,
+        "enqueue_seconds": enqueue_seconds,
         "callback_released_after_last_parent_s": (released - last_parent).total_seconds(),
         "callback_started_after_last_parent_s": (started - last_parent).total_seconds(),
     }

@@ -66,6 +66,7 @@ from .maintenance import MaintenanceQueries
 from .sqla_private import echo_on, events_flagged, invalidate_pooled
 from .unique import UniqueQueries, duplicate_error, refused_by_live_index
 from .workflow import WorkflowQueries
+from .workflow_purge import WorkflowPurgeQueries
 from .workflow_view import WorkflowViewQueries
 
 __all__ = ["Adapter", "ClaimFilter", "HorizonHolder", "Listener", "LockHolder", "VacuumState"]
@@ -526,6 +527,11 @@ class Adapter:
         """Workflows' statements: steps, edges, releases
         (``adapters/workflow.py``)."""
         return WorkflowQueries(self)
+
+    @functools.cached_property
+    def workflow_purge(self) -> WorkflowPurgeQueries:
+        """The purge of finished workflows' rows (``adapters/workflow_purge.py``)."""
+        return WorkflowPurgeQueries(self)
 
     @functools.cached_property
     def workflow_view(self) -> WorkflowViewQueries:

@@ -76,7 +76,7 @@ from ..schema.mixins import (
     status_is,
     status_literal,
 )
-from ..schema.rows import CANCELLED_MESSAGE
+from ..schema.rows import CANCELLED_MESSAGES
 
 if TYPE_CHECKING:
     from .parts import PartOwner
@@ -98,7 +98,8 @@ FAILURE_WINDOW = 10_000
 TIMELINE_LIMIT = 5_000
 #: the task states, as ``sqla-queue status`` counts them (ops/status.py
 #: ``STATES``): ``cancelled`` is a waiting task an operator cancelled
-#: (``falha`` with ``CANCELLED_MESSAGE``), which ``failed`` leaves out
+#: or its workflow cancelled (``falha`` with one of ``CANCELLED_MESSAGES``),
+#: which ``failed`` leaves out
 TASK_STATES = (
     "ready",
     "scheduled",
@@ -149,7 +150,7 @@ def task_state(row: Any) -> str | None:
         return None
     if status == Status.SUCCEEDED.value:
         return "succeeded"
-    if status == Status.FAILED.value and row.mensagem == CANCELLED_MESSAGE:
+    if status == Status.FAILED.value and row.mensagem in CANCELLED_MESSAGES:
         return "cancelled"
     if status in (Status.FAILED.value, Status.FAILED_PROCESSING.value):
         return "failed"
@@ -157,10 +158,11 @@ def task_state(row: Any) -> str | None:
 
 
 def cancelled_attempt(c: Any) -> ColumnElement[bool]:
-    """An attempt the operator cancelled (``sqla-queue cancel``,
-    client/control.py): ``falha`` with ``CANCELLED_MESSAGE``; ``c``: the
-    queue table's columns. The one definition of the ``cancelled`` state."""
-    return and_(status_is(c.status, Status.FAILED), c.mensagem == CANCELLED_MESSAGE)
+    """An attempt cancelled while it waited: by the operator (``sqla-queue
+    cancel``, client/control.py) or by its workflow (``falha`` with one of
+    ``CANCELLED_MESSAGES``); ``c``: the queue table's columns. The one
+    definition of the ``cancelled`` state."""
+    return and_(status_is(c.status, Status.FAILED), c.mensagem.in_(CANCELLED_MESSAGES))
 
 
 class InspectionQueries:
@@ -649,7 +651,7 @@ def _state_filters(c: Any) -> dict[str, ColumnElement[bool]]:
             or_(
                 and_(
                     status_is(c.status, Status.FAILED),
-                    or_(c.mensagem.is_(None), c.mensagem != CANCELLED_MESSAGE),
+                    or_(c.mensagem.is_(None), c.mensagem.not_in(CANCELLED_MESSAGES)),
                 ),
                 status_is(c.status, Status.FAILED_PROCESSING),
             ),

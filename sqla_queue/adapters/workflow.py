@@ -8,13 +8,13 @@ takes only ``pendente`` rows, so nothing but :meth:`WorkflowQueries.release`
 makes it ready. The release and the cancellation are guarded by that
 state, so each happens at most once, whoever tries.
 
-The order that makes "released once, after every parent committed" hold is
-the manager's (docs/workflows.md): lock the children's task rows
-(:meth:`lock_tasks`), then mark the edges done, then count the edges left
-with a locking read (:meth:`still_waiting`), which sees what the
-transactions that held those locks before committed, under READ COMMITTED
-and InnoDB's REPEATABLE READ alike (a plain read there would use the
-transaction's first snapshot).
+A child waits on gates (``<queue>_wf_gates``): counts of the parents not
+done yet. Its parents' completions lock the gates they open with a locking
+read (:meth:`gates_lock`, in key order), which sees the latest committed
+count under READ COMMITTED and InnoDB's REPEATABLE READ alike, and take
+their share off (:meth:`gates_take`): the transaction that brings a gate
+to 0 is the only one that sees it there, and it has seen every other
+parent's commit (docs/workflows.md, "The guarantee").
 """
 
 from __future__ import annotations
@@ -24,17 +24,28 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
+    and_,
     bindparam,
     false,
+    func,
     insert,
     inspect,
     select,
+    tuple_,
     union_all,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..schema.mixins import STEP_CANCELLED, Status, status_is, workflow_tables
+from ..schema.mixins import (
+    STEP_CANCELLED,
+    STEP_COMPENSATION,
+    STEP_DEAD,
+    Status,
+    status_is,
+    workflow_tables,
+)
+from ..schema.rows import STEP_MESSAGE
 
 if TYPE_CHECKING:
     from .parts import PartOwner
@@ -42,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["WorkflowQueries"]
 
 _WAITING = (Status.PENDING, Status.SCHEDULED)
+#: gate keys per statement: an IN list of row values short enough for an
+#: index look-up on every database (see ``id_chunks``)
+_KEYS_MAX = 500
 
 
 class WorkflowQueries:
@@ -49,25 +63,43 @@ class WorkflowQueries:
         self.adapter = adapter
         table = adapter.table
         tables = workflow_tables(table)
-        self.steps, self.edges = steps, edges = tables.steps, tables.edges
-        c, s, e = table.c, steps.c, edges.c
+        steps, edges, gates = tables.steps, tables.edges, tables.gates
+        self.steps, self.edges, self.gates = steps, edges, gates
+        c, s, e, g = table.c, steps.c, edges.c, gates.c
         ids = adapter.id_match
         scheduled = status_is(c.status, Status.SCHEDULED)
         waiting = (scheduled, c.data_hora.is_(None))
         self._wait = update(table).where(ids(c.id, "ids"), scheduled).values(data_hora=None)
-        self._children = select(e.parent_id, e.child_id).where(ids(e.parent_id, "ids"))
+        self._children = select(e.parent_id, e.child_id, e.slot).where(
+            ids(e.parent_id, "ids"), e.done == false()
+        )
         self._write_result = (
             update(steps)
             .where(s.step_id == bindparam("b_step"))
             .values(result=bindparam("b_result"))
         )
-        self._lock = select(c.id).where(ids(c.id, "ids")).order_by(c.id).with_for_update()
         self._done = update(edges).where(ids(e.parent_id, "ids")).values(done=True)
-        # a locking read: the latest committed edges, not a snapshot's
-        self._left = (
-            select(e.child_id)
-            .where(ids(e.child_id, "ids"), e.done == false())
-            .with_for_update(read=True)
+        keys = tuple_(g.owner_id, g.slot).in_(bindparam("keys", expanding=True))
+        # a locking read, in key order: the latest committed counts, not a
+        # snapshot's; two completions that share gates never deadlock on them
+        self._gates_lock = (
+            select(g.owner_id, g.slot, g.waiting)
+            .where(keys)
+            .order_by(g.owner_id, g.slot)
+            .with_for_update()
+        )
+        self._gates_take = update(gates).where(keys).values(waiting=g.waiting - bindparam("n"))
+        end = and_(g.owner_id == -bindparam("workflow"), g.slot == 0)
+        self._finish = (
+            update(gates).where(end, g.outcome.is_(None)).values(outcome=bindparam("outcome"))
+        )
+        self._reopen = update(gates).where(end).values(outcome=None)
+        self._outcome = select(g.outcome).where(end)
+        self._dead_steps = select(func.count()).where(
+            s.workflow_id == bindparam("workflow"), s.state == STEP_DEAD
+        )
+        self._compensations = select(s.step_id).where(
+            s.workflow_id == bindparam("workflow"), s.state == STEP_COMPENSATION
         )
         self._release = (
             update(table)
@@ -82,11 +114,26 @@ class WorkflowQueries:
             "finished_at": adapter.clock(),
         }
         one = c.id == bindparam("b_id")
+        self._reinstate_one = (
+            update(table)
+            .where(
+                one,
+                status_is(c.status, Status.FAILED),
+                c.mensagem == bindparam("b_message"),
+            )
+            .values(
+                status=Status.SCHEDULED.value,
+                data_hora=None,
+                mensagem=STEP_MESSAGE,
+                finished_at=None,
+            )
+        )
+        self._mark_rows = update(table).where(ids(c.id, "ids")).values(mensagem=STEP_MESSAGE)
         self._cancel_waiting = update(table).where(one, *waiting).values(**cancel)
         self._cancel_open = (
             update(table).where(one, status_is(c.status, *_WAITING)).values(**cancel)
         )
-        self._mark = update(steps).where(ids(s.step_id, "ids")).values(state=STEP_CANCELLED)
+        self._mark = update(steps).where(ids(s.step_id, "ids")).values(state=bindparam("b_state"))
         self._step = select(s.workflow_id, s.on_failure).where(s.step_id == bindparam("step"))
         self._edges_of = (
             select(e.parent_id, e.child_id)
@@ -114,6 +161,8 @@ class WorkflowQueries:
             update(edges).where(false()).values(done=e.done),
             select(s.step_id).where(false()),
             update(steps).where(false()).values(state=s.state),
+            select(g.owner_id).where(false()),
+            update(gates).where(false()).values(waiting=g.waiting),
         )
 
     def _each_chunk(self, conn: Connection, statement: Any, ids: Iterable[int]) -> Iterator[Any]:
@@ -130,7 +179,7 @@ class WorkflowQueries:
             found = inspect(conn)
             return all(
                 found.has_table(table.name, schema=table.schema)
-                for table in (self.steps, self.edges)
+                for table in (self.steps, self.edges, self.gates)
             )
         except SQLAlchemyError:
             return False
@@ -150,12 +199,25 @@ class WorkflowQueries:
                 [{"step_id": s, "workflow_id": w, "on_failure": f} for s, w, f in rows],
             )
 
-    def edges_insert_many(self, conn: Connection, *, rows: Sequence[tuple[int, int, int]]) -> None:
-        """Insert edges: (child_id, parent_id, position) each, not done."""
+    def edges_insert_many(
+        self, conn: Connection, *, rows: Sequence[tuple[int, int, int, int]]
+    ) -> None:
+        """Insert edges: (child_id, parent_id, position, slot) each, not done."""
         if rows:
             conn.execute(
                 insert(self.edges),
-                [{"child_id": c, "parent_id": p, "position": n, "done": False} for c, p, n in rows],
+                [
+                    {"child_id": c, "parent_id": p, "position": n, "slot": g, "done": False}
+                    for c, p, n, g in rows
+                ],
+            )
+
+    def gates_insert_many(self, conn: Connection, *, rows: Sequence[tuple[int, int, int]]) -> None:
+        """Insert gates: (owner_id, slot, waiting) each."""
+        if rows:
+            conn.execute(
+                insert(self.gates),
+                [{"owner_id": o, "slot": g, "waiting": n} for o, g, n in rows],
             )
 
     def task_wait_many(self, conn: Connection, *, ids: Sequence[int]) -> int:
@@ -164,38 +226,49 @@ class WorkflowQueries:
         return sum(result.rowcount for result in self._each_chunk(conn, self._wait, ids))
 
     # ------------------------------------------------------------ completion
-    def children_of(self, conn: Connection, *, parents: Iterable[int]) -> list[tuple[int, int]]:
-        """(parent, child) of every edge from ``parents`` (step ids)."""
+    def children_of(
+        self, conn: Connection, *, parents: Iterable[int]
+    ) -> list[tuple[int, int, int]]:
+        """(parent, child, slot) of every edge from ``parents`` (step ids)
+        not done yet: the child's gate each one opens."""
         return [
-            (int(p), int(c))
+            (int(p), int(c), int(g))
             for result in self._each_chunk(conn, self._children, parents)
-            for p, c in result
+            for p, c, g in result
         ]
 
-    def results_write(self, conn: Connection, *, results: Sequence[tuple[int, str | None]]) -> None:
-        """Store each (step_id, result as JSON or None)."""
+    def results_write(self, conn: Connection, *, results: Sequence[tuple[int, str]]) -> None:
+        """Store each (step_id, result as JSON)."""
         if results:
             conn.execute(self._write_result, [{"b_step": s, "b_result": r} for s, r in results])
-
-    def lock_tasks(self, conn: Connection, *, ids: Sequence[int]) -> None:
-        """Lock the task rows ``ids`` until the transaction ends, in id
-        order (two completions that share children never deadlock on them).
-        SQLite's writing transaction holds the database's write lock already."""
-        for result in self._each_chunk(conn, self._lock, ids):
-            result.all()
 
     def edges_done(self, conn: Connection, *, parents: Sequence[int]) -> None:
         """Mark every edge from ``parents`` done."""
         for _ in self._each_chunk(conn, self._done, parents):
             pass
 
-    def still_waiting(self, conn: Connection, *, children: Sequence[int]) -> set[int]:
-        """Which of ``children`` have an edge not done (a locking read)."""
-        return {
-            int(child)
-            for result in self._each_chunk(conn, self._left, children)
-            for child in result.scalars()
-        }
+    def gates_lock(
+        self, conn: Connection, *, keys: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        """Lock the gates ``keys`` ((owner, slot) each) until the
+        transaction ends, in key order; their latest committed counts.
+        SQLite's writing transaction holds the database's write lock already."""
+        found: dict[tuple[int, int], int] = {}
+        ordered = sorted(set(keys))
+        for at in range(0, len(ordered), _KEYS_MAX):
+            rows = conn.execute(self._gates_lock, {"keys": ordered[at : at + _KEYS_MAX]})
+            found.update(((int(o), int(g)), int(n)) for o, g, n in rows)
+        return found
+
+    def gates_take(self, conn: Connection, *, amounts: dict[tuple[int, int], int]) -> None:
+        """Take ``amounts`` off the gates (locked by :meth:`gates_lock`):
+        one statement per distinct amount."""
+        by_amount: dict[int, list[tuple[int, int]]] = {}
+        for key, n in sorted(amounts.items()):
+            by_amount.setdefault(n, []).append(key)
+        for n, keys in by_amount.items():
+            for at in range(0, len(keys), _KEYS_MAX):
+                conn.execute(self._gates_take, {"keys": keys[at : at + _KEYS_MAX], "n": n})
 
     def release(self, conn: Connection, *, ids: Sequence[int]) -> int:
         """Make the waiting steps ``ids`` ready now (``pendente``,
@@ -214,13 +287,39 @@ class WorkflowQueries:
         rows = conn.execute(self._edges_of, {"workflow": workflow_id})
         return [(int(p), int(c)) for p, c in rows]
 
-    def cancel_waiting(self, conn: Connection, *, ids: Sequence[int], message: str) -> list[int]:
+    def cancel_waiting(
+        self, conn: Connection, *, ids: Sequence[int], message: str, mark: bool = True
+    ) -> list[int]:
         """Cancel the steps among ``ids`` still waiting for their parents
         (``falha`` with ``message``, as an operator's cancel writes it), and
-        mark their steps cancelled; the ids cancelled."""
+        mark their steps cancelled (``mark``: a compensation step keeps its
+        mark); the ids cancelled."""
         cancelled = self._cancel_each(conn, self._cancel_waiting, ids, message)
-        self.steps_cancelled(conn, step_ids=cancelled)
+        if mark:
+            self.steps_mark(conn, step_ids=cancelled, state=STEP_CANCELLED)
         return cancelled
+
+    def finish(self, conn: Connection, *, workflow_id: int, outcome: str) -> bool:
+        """Write the workflow's outcome, unless it has one; whether this did."""
+        changed = conn.execute(self._finish, {"workflow": workflow_id, "outcome": outcome})
+        return bool(changed.rowcount)
+
+    def reopen(self, conn: Connection, *, workflow_id: int) -> None:
+        """Forget the workflow's outcome (a failed step was requeued)."""
+        conn.execute(self._reopen, {"workflow": workflow_id})
+
+    def outcome_of(self, conn: Connection, *, workflow_id: int) -> str | None:
+        """The workflow's outcome; None while it runs (or made before gates)."""
+        return conn.execute(self._outcome, {"workflow": workflow_id}).scalar()
+
+    def dead_steps(self, conn: Connection, *, workflow_id: int) -> int:
+        """How many of the workflow's steps went to the dead letter."""
+        return int(conn.execute(self._dead_steps, {"workflow": workflow_id}).scalar_one())
+
+    def compensations_of(self, conn: Connection, *, workflow_id: int) -> list[int]:
+        """The workflow's compensation steps."""
+        rows = conn.execute(self._compensations, {"workflow": workflow_id})
+        return sorted(int(step) for step in rows.scalars())
 
     def open_of_workflow(self, conn: Connection, *, workflow_id: int) -> list[tuple[int, int]]:
         """(task row id, step id) of every ``pendente`` or ``agendada`` row
@@ -234,10 +333,22 @@ class WorkflowQueries:
         (a worker's claim may have won meanwhile); the ids cancelled."""
         return self._cancel_each(conn, self._cancel_open, ids, message)
 
-    def steps_cancelled(self, conn: Connection, *, step_ids: Sequence[int]) -> None:
-        """Mark the steps ``step_ids`` cancelled."""
-        for _ in self._each_chunk(conn, self._mark, step_ids):
+    def reinstate(self, conn: Connection, *, ids: Sequence[int], message: str) -> list[int]:
+        """Make the steps among ``ids`` cancelled with ``message`` wait for
+        their parents again (a requeue resumes their workflow); the ids."""
+        return self._cancel_each(conn, self._reinstate_one, ids, message)
+
+    def task_mark_steps(self, conn: Connection, *, ids: Sequence[int]) -> None:
+        """Mark the task rows ``ids`` as steps whose completion opens gates
+        (``mensagem`` = ``STEP_MESSAGE``): a chain requeued from the dead letter."""
+        for _ in self._each_chunk(conn, self._mark_rows, ids):
             pass
+
+    def steps_mark(self, conn: Connection, *, step_ids: Sequence[int], state: str | None) -> None:
+        """Set the steps ``step_ids``'s ``state`` (cancelled, dead_letter;
+        None: running again)."""
+        for chunk in self.adapter.id_chunks(sorted(set(step_ids))):
+            conn.execute(self._mark, {"ids": chunk, "b_state": state})
 
     def steps_of_workflow(self, conn: Connection, *, workflow_id: int) -> list[int]:
         """The step ids of the workflow, in order (empty: no such workflow)."""

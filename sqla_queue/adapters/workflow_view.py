@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, bindparam, case, select, union_all
+from sqlalchemy import Connection, bindparam, case, inspect, select, union_all
 
 from ..schema.mixins import workflow_tables
 from .inspection import cancelled_attempt
@@ -70,6 +70,8 @@ class WorkflowViewQueries:
         self._linked = select(c.live_id.label("step"), *columns).where(
             adapter.id_match(c.live_id, "ids")
         )
+        self._steps_table = tables.steps
+        self._workflow_of = select(s.workflow_id).where(s.step_id == bindparam("step"))
 
     def steps_of(self, conn: Connection, *, workflow_id: int) -> list[Any]:
         """(step_id, on_failure, state, result) of each step of the
@@ -87,6 +89,17 @@ class WorkflowViewQueries:
         reenfileirado, cancelled as 1 or 0, processo, data_hora), by id."""
         rows = conn.execute(self._rows, {"workflow": workflow_id})
         return sorted(rows, key=lambda row: (row.step, row.id))
+
+    def workflow_of(self, conn: Connection, *, step_id: int) -> int | None:
+        """The workflow whose step ``step_id`` is (a task's chain: the
+        dashboard's task page links to it); None for a task that is no
+        step, and on a database without the workflow tables (a queue made
+        before them), where it reads the catalogue only."""
+        steps = self._steps_table
+        if not inspect(conn).has_table(steps.name, schema=steps.schema):
+            return None
+        found = conn.execute(self._workflow_of, {"step": step_id}).scalar()
+        return None if found is None else int(found)
 
     def rows_linked(self, conn: Connection, *, heads: Iterable[int]) -> list[Any]:
         """The rows whose ``live_id`` is one of ``heads`` (``step``: that

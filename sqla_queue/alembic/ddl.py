@@ -58,7 +58,7 @@ def queue_tables(
 ) -> list[Table]:
     """The tables of queue ``schema.queue``, made by the mixins on ``metadata``
     (a new one by default): the queue table (channel: the queue's name),
-    ``<queue>_status``, ``<queue>_wf_steps`` and ``<queue>_wf_edges``, then
+    ``<queue>_status``, ``<queue>_wf_steps``, ``_wf_edges``, ``_wf_gates``, then
     ``<queue>_subscriber``, ``queue_configuration`` and ``<queue>_unique``
     when asked for. ``unique_processes``: the
     processes the model declares unique (``Unique(name)``), whose live-key
@@ -93,7 +93,7 @@ def queue_tables(
     tables.append(status_table(tables[0]))
     # the workflows' steps and edges (docs/workflows.md), made with it too
     workflows = workflow_tables(tables[0])
-    tables += [workflows.steps, workflows.edges]
+    tables += [workflows.steps, workflows.edges, workflows.gates]
     if unique:
         from ..enqueue.unique import unique_table
 

@@ -649,7 +649,7 @@ def _rename_index(
 def _rename_companions(operations: Operations, op: RenameQueueTableOp) -> None:
     """The tables that go with a queue table, where the database has them:
     ``<table>_status`` (status's kept counts), ``<table>_unique`` (unique
-    tasks' keys), ``<table>_wf_steps`` and ``<table>_wf_edges`` (workflows).
+    tasks' keys), ``<table>_wf_steps``, ``_wf_edges`` and ``_wf_gates`` (workflows).
     Offline (``--sql``) the database cannot be asked: rename them by hand
     there."""
     from .ddl import queue_tables  # the ddl module imports the mixins' models
@@ -658,7 +658,7 @@ def _rename_companions(operations: Operations, op: RenameQueueTableOp) -> None:
         return
     inspector = inspect(operations.get_bind())
     renamed = {table.name: table for table in queue_tables(op.schema, op.new_table_name)}
-    for suffix in ("status", "unique", "wf_steps", "wf_edges"):
+    for suffix in ("status", "unique", "wf_steps", "wf_edges", "wf_gates"):
         old_name = derived_identifier(op.old_table_name, suffix, "")
         if inspector.has_table(old_name, schema=op.schema):
             new_name = derived_identifier(op.new_table_name, suffix, "")

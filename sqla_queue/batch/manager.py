@@ -476,6 +476,8 @@ class TaskManager:
     def _committed(self, lane: Lane, group: Group) -> None:
         """After a group's commit: its locks go, its successes are logged,
         its observers told."""
+        if self.steps.present:
+            self.steps.committed(lane.work_conn, self.hooks)
         ids = [task.id for task in group.tasks] + group.hand_back
         self.claims.discard(ids)
         assert lane.claim_conn is not None
@@ -585,6 +587,7 @@ class TaskManager:
 
     @staticmethod
     def _rollback(lane: Lane) -> None:
+        StepLinks.rolled_back(lane.work_conn)
         transaction, lane.transaction = lane.transaction, None
         if transaction is not None:
             try:
@@ -624,6 +627,7 @@ class TaskManager:
         self.adapter.task_complete_many(conn, results=done, owner=self.owner)
         if self.steps.present:
             self.steps.advance(conn, succeeded)
+        StepLinks.rolled_back(conn)  # the caller's transaction: nothing is told of it
         return outcomes
 
     def _retryable(self, exc: DBAPIError) -> bool:
@@ -713,10 +717,16 @@ class TaskManager:
         others = [task.id for task in tasks if task is not culprit]
         recorded = None
         try:
-            with conn.engine.connect() as fresh, fresh.begin():
-                if culprit is not None:
-                    recorded = self.record_failure(fresh, culprit, error)
-                self.adapter.task_hand_back_many(fresh, ids=others, owner=self.owner)
+            with conn.engine.connect() as fresh:
+                try:
+                    with fresh.begin():
+                        if culprit is not None:
+                            recorded = self.record_failure(fresh, culprit, error)
+                        self.adapter.task_hand_back_many(fresh, ids=others, owner=self.owner)
+                except BaseException:
+                    StepLinks.rolled_back(fresh)
+                    raise
+                self.steps.committed(fresh, self.hooks)
         except Exception as exc:  # the database is away: the leases run out instead
             logger.warning(
                 "could not record the lost batch (%s); the rescue will", describe_error(exc)
@@ -834,13 +844,18 @@ class TaskManager:
         the seed's retry thread does. One transaction; the rows are locked
         (or, without row locks, updated only if their lease is unchanged),
         so two rescuers, or a rescuer and a late heartbeat, never both win."""
-        with conn.begin():
-            lost = self.adapter.task_rescue_lost(conn, limit=limit)
-            rescued = [
-                task
-                for task in lost
-                if self.record_failure(conn, task, RESCUED_ERROR, rescued=True)
-            ]
+        try:
+            with conn.begin():
+                lost = self.adapter.task_rescue_lost(conn, limit=limit)
+                rescued = [
+                    task
+                    for task in lost
+                    if self.record_failure(conn, task, RESCUED_ERROR, rescued=True)
+                ]
+        except BaseException:
+            StepLinks.rolled_back(conn)
+            raise
+        self.steps.committed(conn, self.hooks)
         if rescued:
             logger.warning(
                 "rescued %d task(s) whose worker lost its claim: %s",

@@ -14,16 +14,25 @@ transaction that commits the parents' ``sucesso``.
   one round trip).
 - **At the completion** (:meth:`StepLinks.advance`), on the batch's
   connection, after ``task_complete_many`` and before the commit: the
-  parents' results are written, the children's task rows locked in id
-  order, the parents' edges marked done, and each child whose edges are
-  all done released. Every transaction that marks an edge of child X
-  holds X's row lock while it does, so the one that finds no edge left
-  has seen every other parent's commit: X is released once, after all its
-  parents committed, in the last one's transaction.
+  parents' results are written, their edges marked done, and the gates
+  they open counted down, barrier gates first, then the children's own
+  gates (each in key order, with a locking read of the latest count): the
+  transaction that brings a child's gate to 0 has seen every other
+  parent's commit, and releases the child, once, in the last parent's
+  transaction. A child of many parents (a group's callback) waits on one
+  barrier gate per block of them, so the group's completions do not all
+  queue for one row lock; the last of each block counts the child's gate
+  down. Every step opens a gate: a step without children opens its
+  workflow's end (owner ``-W``), whose transaction writes the outcome.
 - **At the dead letter** (:meth:`StepLinks.failed`), in the failure's
   transaction: the workflow's policy cancels the step's waiting
-  descendants (``stop``) or releases its children as if it had succeeded,
-  its result None (``continue``).
+  descendants (``stop``; ``compensate`` also releases the compensation
+  step) or counts its gates down as if it had succeeded, its result None
+  (``continue``).
+
+What a transaction decided about whole workflows (an outcome) is kept on
+its connection (``conn.info``) and told (logged, the hooks'
+``workflow_finished``) only after its commit: :meth:`StepLinks.committed`.
 
 A database without the workflow tables (a queue made before them) is
 found at the first claim, and none of this runs there.
@@ -34,6 +43,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -44,11 +54,15 @@ from sqlalchemy.orm import Session
 from ..adapters import Adapter, ErrorKind
 from ..common.exceptions import SqlaQueueError
 from ..common.redaction import describe_error
-from ..schema.mixins import RESULT_MAX_BYTES
+from ..policies.hooks import WORKFLOW_FINISHED, Hooks, WorkflowEvent
+from ..schema.mixins import RESULT_MAX_BYTES, STEP_DEAD
 from ..schema.records import TaskRecord
-from ..schema.rows import CANCELLED_MESSAGE, STEP_MESSAGE
+from ..schema.rows import NOT_NEEDED_MESSAGE, STEP_MESSAGE, STOPPED_MESSAGE
 
-__all__ = ["StepLinks", "StepResultError"]
+__all__ = ["StepLinks", "StepResultError", "descendants"]
+
+#: ``conn.info`` key: the workflows a transaction finished, told at its commit
+_FINISHED = "sqla_queue_workflows_finished"
 
 logger = logging.getLogger("sqla_queue.batch.workflow")
 
@@ -127,9 +141,9 @@ class StepLinks:
                 edges = self.adapter.workflow.children_of(conn, parents=parents)
         if not edges:
             return
-        children: dict[int, list[int]] = {}
-        for parent, child in edges:
-            children.setdefault(parent, []).append(child)
+        children: dict[int, list[tuple[int, int]]] = {}
+        for parent, child, slot in edges:
+            children.setdefault(parent, []).append((child, slot))
         for task in tasks:
             found = children.get(task.step_id)  # type: ignore[arg-type]
             if found:
@@ -159,31 +173,93 @@ class StepLinks:
         """Keep ``value``, the handler's return, as the step's result when
         it has children to read it; raises StepResultError when it cannot
         be one (the attempt then fails)."""
-        if task._children:
+        if task._children and value is not None:
             _fix(task, "_result", encode_result(value))
 
     def advance(self, conn: Connection, tasks: Iterable[TaskRecord]) -> None:
         """``tasks`` succeeded, in ``conn``'s transaction: write the results
-        of those that are parents, and release their children that wait for
-        nothing else."""
+        of those that are parents, and open their children's gates."""
         parents = [task for task in tasks if task._children]
         if not parents:
             return
-        steps = [(task.step_id, task._result) for task in parents]
-        self.adapter.workflow.results_write(conn, results=steps)  # type: ignore[arg-type]
-        self._release(
-            conn,
-            [step for step, _ in steps],  # type: ignore[misc]
-            {child for task in parents for child in task._children},
-        )
+        results = [(task.step_id, task._result) for task in parents if task._result is not None]
+        self.adapter.workflow.results_write(conn, results=results)  # type: ignore[arg-type]
+        self._open(conn, [task.step_id for task in parents], [task._children for task in parents])  # type: ignore[misc]
 
-    def _release(self, conn: Connection, parents: Sequence[int], children: set[int]) -> None:
+    def _open(
+        self,
+        conn: Connection,
+        parents: Sequence[int],
+        gates: Sequence[Sequence[tuple[int, int]]],
+    ) -> None:
+        """``parents`` are done: mark their edges, count down the gates
+        they open (``gates``: each parent's (child, slot)), release the
+        children whose own gate reaches 0 and finish the workflows whose
+        end does."""
         queries = self.adapter.workflow
-        queries.lock_tasks(conn, ids=sorted(children))  # before the edges: see the module
         queries.edges_done(conn, parents=parents)
-        ready = sorted(children - queries.still_waiting(conn, children=sorted(children)))
+        opened = Counter(gate for each in gates for gate in each)
+        barriers = {gate: n for gate, n in opened.items() if gate[1] != 0}
+        own = Counter({gate: n for gate, n in opened.items() if gate[1] == 0})
+        # barriers before own gates, each in key order: one lock order for all
+        for owner, _ in self._count_down(conn, barriers):
+            own[(owner, 0)] += 1
+        reached = [owner for owner, _ in self._count_down(conn, own)]
+        ready = sorted(owner for owner in reached if owner > 0)
         if ready and queries.release(conn, ids=ready) and self.adapter.supports_notify:
             self.adapter.notify(conn)  # at the commit: an UPDATE fires no insert trigger
+        for end in sorted(owner for owner in reached if owner < 0):
+            self._finish(conn, -end)
+
+    def _count_down(
+        self, conn: Connection, amounts: dict[tuple[int, int], int]
+    ) -> list[tuple[int, int]]:
+        """Take ``amounts`` off their gates; the gates that reach 0."""
+        if not amounts:
+            return []
+        queries = self.adapter.workflow
+        waiting = queries.gates_lock(conn, keys=list(amounts))
+        queries.gates_take(conn, amounts=amounts)
+        reached = []
+        for gate, n in sorted(amounts.items()):
+            left = waiting.get(gate, n) - n
+            if left == 0:
+                reached.append(gate)
+            elif left < 0:  # a gate counted down past 0: never released twice
+                logger.error("workflow gate %s counted down past 0 (%d)", gate, left)
+        return reached
+
+    def _finish(self, conn: Connection, workflow_id: int) -> None:
+        """Every step of the workflow without children is done: its
+        outcome, and its compensation steps are not needed."""
+        queries = self.adapter.workflow
+        outcome = "failed" if queries.dead_steps(conn, workflow_id=workflow_id) else "succeeded"
+        if queries.finish(conn, workflow_id=workflow_id, outcome=outcome):
+            compensations = queries.compensations_of(conn, workflow_id=workflow_id)
+            queries.cancel_waiting(conn, ids=compensations, message=NOT_NEEDED_MESSAGE, mark=False)
+            self._note(conn, workflow_id, outcome)
+
+    @staticmethod
+    def _note(conn: Connection, workflow_id: int, outcome: str) -> None:
+        conn.info.setdefault(_FINISHED, []).append((workflow_id, outcome))
+
+    def committed(self, conn: Connection | None, hooks: Hooks | None) -> None:
+        """``conn``'s transaction committed: tell what it decided about
+        whole workflows (logged; the hooks' ``workflow_finished``)."""
+        finished = None if conn is None else conn.info.pop(_FINISHED, None)
+        if not finished:
+            return
+        for workflow_id, outcome in finished:
+            logger.info("workflow %d %s", workflow_id, outcome)
+        if hooks is not None:
+            table = self.adapter.table.name
+            hooks.emit([WorkflowEvent(WORKFLOW_FINISHED, table, w, o) for w, o in finished])
+
+    @staticmethod
+    def rolled_back(conn: Connection | None) -> None:
+        """``conn``'s transaction rolled back: what it decided did not happen."""
+        if conn is not None:
+            conn.info.pop(_FINISHED, None)
 
     def failed(self, conn: Connection, task: TaskRecord) -> None:
         """``task`` went to the dead letter, in ``conn``'s transaction:
@@ -196,24 +272,32 @@ class StepLinks:
         if found is None:
             return
         workflow_id, policy = found
+        queries.steps_mark(conn, step_ids=[step], state=STEP_DEAD)
         if policy == "continue":
-            children = {child for _, child in queries.children_of(conn, parents=[step])}
-            if children:
-                self._release(conn, [step], children)
+            edges = queries.children_of(conn, parents=[step])
+            if edges:
+                self._open(conn, [step], [[(child, slot) for _, child, slot in edges]])
             return
-        below = _descendants(step, queries.edges_of_workflow(conn, workflow_id=workflow_id))
-        cancelled = queries.cancel_waiting(conn, ids=sorted(below), message=CANCELLED_MESSAGE)
+        below = descendants(step, queries.edges_of_workflow(conn, workflow_id=workflow_id))
+        cancelled = queries.cancel_waiting(conn, ids=sorted(below), message=STOPPED_MESSAGE)
         if cancelled:
             logger.warning(
                 "workflow %d: step %d went to the dead letter; %d waiting step(s) after it "
-                "cancelled (policy stop)",
+                "cancelled (policy %s)",
                 workflow_id,
                 step,
                 len(cancelled),
+                policy,
             )
+        if queries.finish(conn, workflow_id=workflow_id, outcome="failed"):
+            self._note(conn, workflow_id, "failed")
+            if policy == "compensate":
+                compensations = queries.compensations_of(conn, workflow_id=workflow_id)
+                if queries.release(conn, ids=compensations) and self.adapter.supports_notify:
+                    self.adapter.notify(conn)
 
 
-def _descendants(step: int, edges: Iterable[tuple[int, int]]) -> set[int]:
+def descendants(step: int, edges: Iterable[tuple[int, int]]) -> set[int]:
     """The steps reachable from ``step`` along (parent, child) ``edges``."""
     below: dict[int, list[int]] = {}
     for parent, child in edges:

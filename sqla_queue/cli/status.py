@@ -82,13 +82,19 @@ def status(
 
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
-    if workflow_id is not None and (task_id is not None or watch):
-        raise click.UsageError("--workflow goes without --task and --watch")
+    if workflow_id is not None and task_id is not None:
+        raise click.UsageError("--workflow goes without --task")
     with _operator(worker, url) as queue:
         model = queue.model
         if workflow_id is not None:
             from ..ops.workflow_view import workflow_status
 
+            if watch:
+                _watch(
+                    lambda: _render_workflow(workflow_status(queue.engine, model, workflow_id)),
+                    interval,
+                )
+                return
             found = workflow_status(queue.engine, model, workflow_id)
             _show_one(as_json, found.as_dict, lambda: _render_workflow(found))
             return
@@ -108,7 +114,7 @@ def status(
         if as_json:
             click.echo(json.dumps(take().as_json()))
         elif watch:
-            _watch(take, interval)
+            _watch(lambda: _render(take()), interval)
         else:
             _console().print(_render(take()))
 
@@ -132,14 +138,16 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def _watch(take: Callable[[], QueueStatus], interval: float) -> None:
+def _watch(rendered: Callable[[], Group], interval: float) -> None:
+    """``rendered()`` shown, then shown again every ``interval`` seconds
+    in its place, until Ctrl-C."""
     from rich.live import Live
 
     stop = threading.Event()
-    with Live(_render(take()), console=_console(), auto_refresh=False, screen=False) as live:
+    with Live(rendered(), console=_console(), auto_refresh=False, screen=False) as live:
         try:
             while not stop.wait(interval):
-                live.update(_render(take()), refresh=True)
+                live.update(rendered(), refresh=True)
         except KeyboardInterrupt:
             pass
 

@@ -45,6 +45,7 @@ except ImportError as exc:  # greenlet
 if TYPE_CHECKING:
     from ..common.progress import Progress
     from .requeue import Requeued
+    from .workflow import Workflow
 
 __all__ = ["AsyncQueueClient"]
 
@@ -162,6 +163,12 @@ class AsyncQueueClient:
         return await self._run(
             lambda client: client.cancel_process(process, older_than=older_than, limit=limit)
         )
+
+    async def enqueue_workflow(self, workflow: Workflow, **options: Any) -> int:
+        """:meth:`QueueClient.enqueue_workflow <sqla_queue.QueueClient.enqueue_workflow>`:
+        ``await workflow.enqueue_async(session, **options)`` on this
+        client's AsyncSession."""
+        return await self._run(lambda client: client.enqueue_workflow(workflow, **options))
 
     async def cancel_workflow(self, workflow_id: int) -> list[int]:
         """:meth:`QueueClient.cancel_workflow <sqla_queue.QueueClient.cancel_workflow>`."""

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.orm import DeclarativeBase, Session
 
 from ..adapters import Adapter, adapter_of
-from ..common.exceptions import ConfigurationError
+from ..common.exceptions import ConfigurationError, InvalidTaskError
 from ..common.identifiers import split_table_name
 from ..common.payload import hash_payload, serialize_payload
 from ..common.stamps import fill as fill_stamps
@@ -37,6 +37,7 @@ from ..schema.validation import check_columns
 if TYPE_CHECKING:
     from ..common.progress import Progress
     from .requeue import Requeued
+    from .workflow import Workflow
 
 __all__ = ["QueueClient", "resolve_table"]
 
@@ -360,6 +361,28 @@ class QueueClient:
                 conn, self._adapter(conn), process, older_than=older_than, limit=limit
             ).ids
         )
+
+    def enqueue_workflow(self, workflow: Workflow, **options: Any) -> int:
+        """``workflow.enqueue(session, **options)`` (docs/workflows.md: its
+        ``on_failure=``) on this client's Session: every task added and
+        flushed, nothing committed; the workflow's id. Its tasks are of this
+        client's table. A client on a Connection raises ConfigurationError:
+        a workflow's steps are ORM tasks, which a Session writes."""
+        from ..schema.steps import tasks_of
+
+        session = self.session_or_connection
+        if not isinstance(session, Session):
+            raise ConfigurationError(
+                "enqueue_workflow needs a client on a Session (a workflow's steps are ORM "
+                "tasks), not on a Connection"
+            )
+        first = next(iter(tasks_of(workflow)), None)
+        if first is not None and type(first).__table__.fullname != self.table.fullname:
+            raise InvalidTaskError(
+                f"a workflow of {type(first).__table__.fullname}'s tasks, enqueued by a "
+                f"client of {self.table.fullname}"
+            )
+        return workflow.enqueue(session, **options)
 
     def cancel_workflow(self, workflow_id: int) -> list[int]:
         """Cancel workflow ``workflow_id``'s waiting steps (docs/workflows.md):

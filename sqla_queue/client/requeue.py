@@ -45,6 +45,7 @@ from ..enqueue import unique
 from ..schema.mixins import Status
 from ..schema.records import TaskRecord
 from ..schema.rows import carried_columns
+from .workflow import resume_steps
 
 __all__ = ["Requeued", "requeue_dead"]
 
@@ -112,6 +113,16 @@ def requeue_dead(
     for decision, new_id in zip(keys, new_ids, strict=True):
         if decision is not None:
             unique.bind(conn, adapter.table, decision, new_id)
+    # a workflow step's requeue resumes its workflow (docs/workflows.md)
+    resume_steps(
+        conn,
+        adapter,
+        [
+            (head.live_id, new_id)
+            for head, new_id in zip(todo, new_ids, strict=True)
+            if head.live_id is not None
+        ],
+    )
     return [
         Requeued(head.id, head.live_id, head.process, new_id)
         for head, new_id in zip(todo, new_ids, strict=True)

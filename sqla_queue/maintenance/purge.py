@@ -17,6 +17,15 @@ each indexed), and the closed old ones are deleted in chunks of about
 ``QUEUE_PURGE_LIMIT`` rows, a transaction each, at most
 ``QUEUE_PURGE_ROUND_LIMIT`` chunks per round.
 
+Then the workflows (docs/workflows.md, "Retention"): a workflow none of
+whose steps has a task row left (this purge, or an operator, deleted them
+all) loses its rows in the workflow tables (``adapters/workflow_purge.py``).
+Workflows are visited by id, a batch of about ``QUEUE_PURGE_LIMIT`` steps
+per transaction, which tests and deletes in one go; at most
+``QUEUE_PURGE_ROUND_LIMIT`` transactions that delete per round. A workflow
+with any task row left, whatever its status, keeps every row. A queue made
+before the workflow tables has none of these counts.
+
 A worker with rate limits also hands the purge its token buckets
 (``adapters/limits.py``): after the chains, one transaction deletes the
 buckets full by now (what no row means), so a key seen once does not keep
@@ -161,6 +170,14 @@ class PurgeRoutine(Routine):
                     self._advanced(counts["rows"], counts)
                 if error is not None:
                     break
+        if error is None:
+            try:
+                workflows = self._purge_workflows(dry_run, counts)
+            except Exception as exc:
+                error = describe_error(exc)
+                logger.error("purge of the workflow rows stopped: %s", error)
+            else:
+                counts.update(workflows)
         if self.buckets is not None and error is None:
             try:
                 counts["rate_buckets"] = self._forget_full_buckets(self.buckets, dry_run)
@@ -168,6 +185,40 @@ class PurgeRoutine(Routine):
                 error = describe_error(exc)
                 logger.error("purge of the rate limit buckets stopped: %s", error)
         return RoutineResult(self.name, counts, dry_run=dry_run, error=error)
+
+    def _purge_workflows(self, dry_run: bool, counts: dict[str, int]) -> dict[str, int]:
+        """The rows of the workflows without task rows, a batch a
+        transaction; their counts, or none without the workflow tables."""
+        queries = self.adapter.workflow_purge
+        limit = self.config.limit
+        done = {"workflows": 0, "workflow_rows": 0}
+        after, chunks = 0, 0
+        with self.adapter.connect_maintenance(self.engine) as conn:
+            with conn.begin():
+                if not queries.tables_exist(conn):
+                    return {}
+            while chunks < self.config.rounds:
+                with conn.begin():
+                    scanned = queries.workflow_scan(conn, after=after, limit=limit)
+                    if not scanned:
+                        break
+                    batch = list(dict.fromkeys(scanned))
+                    if len(scanned) == limit and len(batch) > 1:
+                        batch.pop()  # its steps may go on past the scan: the next batch's
+                    after = batch[-1]
+                    steps = queries.workflow_steps(conn, workflow_ids=batch)
+                    alive = queries.steps_alive(conn, step_ids=[step for step, _ in steps])
+                    kept = {workflow for step, workflow in steps if step in alive}
+                    gone = [workflow for workflow in batch if workflow not in kept]
+                    if not gone:
+                        continue
+                    purge = queries.workflow_rows_count if dry_run else queries.workflow_rows_delete
+                    gone_steps = [step for step, workflow in steps if workflow not in kept]
+                    done["workflow_rows"] += purge(conn, workflow_ids=gone, step_ids=gone_steps)
+                done["workflows"] += len(gone)
+                chunks += 1
+                self._advanced(counts["rows"] + done["workflow_rows"], {**counts, **done})
+        return done
 
     def _forget_full_buckets(self, buckets: RateBuckets, dry_run: bool) -> int:
         """Every page of the buckets, a transaction each; how many went."""

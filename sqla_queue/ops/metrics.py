@@ -84,11 +84,13 @@ from ..policies.hooks import (
     TASK_RESCUED,
     TASK_RETRIED,
     TASK_SUCCEEDED,
+    WORKFLOW_FINISHED,
     BatchEvent,
     Hooks,
     LaneEvent,
     RoutineEvent,
     TaskEvent,
+    WorkflowEvent,
     registry,
 )
 
@@ -186,6 +188,12 @@ class QueueMetrics:
         self.reconnects = prometheus.Counter(
             "sqla_queue_lane_reconnects", "Lanes that lost their database", ["queue"], **kw
         )
+        self.workflows = prometheus.Counter(
+            "sqla_queue_workflows",
+            "Workflows ended, by outcome (counted by the worker whose commit ended them)",
+            ["queue", "outcome"],
+            **kw,
+        )
         self._lanes = _LaneCollector(queue, prometheus)
         self.registry.register(self._lanes)
         self._hooks: Hooks | None = None
@@ -194,6 +202,7 @@ class QueueMetrics:
             (BATCH_COMMITTED, self._on_batch),
             (ROUTINE_RAN, self._on_routine),
             (LANE_RECONNECTED, self._on_reconnect),
+            (WORKFLOW_FINISHED, self._on_workflow),
         ]
 
     # ------------------------------------------------------------ wiring
@@ -217,6 +226,7 @@ class QueueMetrics:
             self.batch,
             self.routines,
             self.reconnects,
+            self.workflows,
             self._lanes,
         ):
             self.registry.unregister(collector)
@@ -249,6 +259,9 @@ class QueueMetrics:
 
     def _on_reconnect(self, event: LaneEvent) -> None:
         self.reconnects.labels(self.queue).inc()
+
+    def _on_workflow(self, event: WorkflowEvent) -> None:
+        self.workflows.labels(self.queue, event.outcome).inc()
 
 
 class _ProcessLabels:

@@ -88,7 +88,7 @@ from ..maintenance.periodic import Periodic, last_runs, next_runs
 from ..maintenance.ttl import expiry_gloss
 from ..schema.configuration_table import configuration_table_of
 from ..schema.mixins import QueueMixin, Status
-from ..schema.rows import CANCELLED_MESSAGE, MESSAGE_GLOSSES, SUFFIX_GLOSSES
+from ..schema.rows import CANCELLED_MESSAGES, MESSAGE_GLOSSES, SUFFIX_GLOSSES
 from . import status_counts as status_summary
 
 __all__ = [
@@ -620,7 +620,7 @@ def attempt_state(status: str | None, message: str | None, requeued: bool | None
     if status == Status.FAILED.value:
         if requeued:
             return "retried"
-        return "cancelled" if message == CANCELLED_MESSAGE else "failed"
+        return "cancelled" if message in CANCELLED_MESSAGES else "failed"
     return None
 
 
@@ -708,7 +708,7 @@ def _state_of(status: str | None, attempt: int | None, message: str | None = Non
         return "running"
     if status == _SUCCEEDED:
         return "succeeded"
-    if status == Status.FAILED.value and message == CANCELLED_MESSAGE:
+    if status == Status.FAILED.value and message in CANCELLED_MESSAGES:
         return "cancelled"  # the same test as adapters/inspection.cancelled_attempt
     if status in _FAILED:
         return "failed"

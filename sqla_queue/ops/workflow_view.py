@@ -64,7 +64,7 @@ from typing import Any
 from ..client.queue import resolve_table
 from ..common.exceptions import TaskNotFoundError
 from ..common.redaction import escape_controls, redact_json
-from ..schema.mixins import STEP_CANCELLED, Status
+from ..schema.mixins import STEP_CANCELLED, STEP_COMPENSATION, Status
 from .status import Bind, Queue, _adapter, _connection, _table_name
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "STEP_STATES",
     "StepStatus",
     "WorkflowStatus",
+    "workflow_of",
     "workflow_status",
     "workflow_svg",
 ]
@@ -107,7 +108,7 @@ class StepStatus:
     first step), ``task_id`` and ``attempt`` of its newest row, and
     ``task_state``, its chain's state as ``sqla-queue status`` counts it
     (``scheduled``, ``retrying`` where ``state`` says ``ready``). ``result``
-    is its handler's return value (stored only for a step with children),
+    is its handler's return value (None when it returned None),
     decoded."""
 
     id: int
@@ -119,6 +120,9 @@ class StepStatus:
     attempt: int | None
     task_state: str | None
     result: Any = None
+    #: the workflow's compensation step (runs only if the workflow fails;
+    #: cancelled when it succeeds): not part of the workflow's state
+    compensation: bool = False
 
     @property
     def label(self) -> str:
@@ -150,6 +154,7 @@ class StepStatus:
             "attempt": self.attempt,
             "task_state": self.task_state,
             "result": redact_json(self.result),
+            "compensation": self.compensation,
         }
 
 
@@ -216,6 +221,14 @@ def workflow_status(bind: Bind, queue: Queue, workflow_id: int) -> WorkflowStatu
     )
 
 
+def workflow_of(bind: Bind, queue: Queue, step_id: int) -> int | None:
+    """The workflow whose step ``step_id`` is (a task's first attempt: its
+    ``Timeline.chain_id``), None for a task that is no workflow's step."""
+    table = resolve_table(queue)
+    with _connection(bind) as conn:
+        return _adapter(conn, table).workflow_view.workflow_of(conn, step_id=step_id)
+
+
 # ---------------------------------------------------------------- states
 
 
@@ -265,6 +278,7 @@ def _step(step: Any, rows: dict[int, Any], parents: list[int], depth: dict[int, 
         attempt=None if newest is None else int(newest.tentativa or 1),
         task_state=task_state,
         result=_decoded(step.result),
+        compensation=step.state == STEP_COMPENSATION,
     )
 
 
@@ -297,7 +311,7 @@ def _step_state(rows: dict[int, Any]) -> tuple[str, str | None, Any]:
 
 
 def _workflow_state(steps: Sequence[StepStatus]) -> str:
-    found = {step.state for step in steps}
+    found = {step.state for step in steps if not step.compensation}
     for state in ("running", "ready"):
         if state in found:
             return "running"

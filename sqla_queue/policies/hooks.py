@@ -63,11 +63,13 @@ __all__ = [
     "TASK_RESCUED",
     "TASK_RETRIED",
     "TASK_SUCCEEDED",
+    "WORKFLOW_FINISHED",
     "BatchEvent",
     "Hooks",
     "LaneEvent",
     "RoutineEvent",
     "TaskEvent",
+    "WorkflowEvent",
     "on",
     "registry",
 ]
@@ -83,9 +85,14 @@ TASK_HANDED_BACK = "task_handed_back"
 BATCH_COMMITTED = "batch_committed"
 ROUTINE_RAN = "routine_ran"
 LANE_RECONNECTED = "lane_reconnected"
+#: a workflow ended: every step without children succeeded (or, under
+#: ``continue``, ended), or a step went to the dead letter (docs/workflows.md)
+WORKFLOW_FINISHED = "workflow_finished"
 #: the events of one task's attempt
 TASK_EVENTS = (TASK_SUCCEEDED, TASK_RETRIED, TASK_DEAD, TASK_FAILED, TASK_RESCUED, TASK_HANDED_BACK)
-EVENTS = frozenset({*TASK_EVENTS, BATCH_COMMITTED, ROUTINE_RAN, LANE_RECONNECTED})
+EVENTS = frozenset(
+    {*TASK_EVENTS, BATCH_COMMITTED, ROUTINE_RAN, LANE_RECONNECTED, WORKFLOW_FINISHED}
+)
 
 
 class TaskEvent(NamedTuple):
@@ -123,6 +130,17 @@ class RoutineEvent:
     counts: dict[str, int]
     error: str | None
     seconds: float
+
+
+@dataclass(frozen=True)
+class WorkflowEvent:
+    """A workflow's outcome, told after the commit that decided it:
+    ``succeeded`` or ``failed`` (a step went to the dead letter)."""
+
+    event: str
+    queue: str
+    workflow_id: int
+    outcome: str
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import inspect
 import warnings
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, TypeVar
 
 from sqlalchemy import (
     DDL,
@@ -49,6 +49,7 @@ from ..common.exceptions import ConfigurationError, UnpreparedTaskError
 from ..common.identifiers import derived_identifier, validate_identifier
 from ..common.payload import UNHASHED, PendingHash, decode_payload
 from ..common.types import PayloadHash, PayloadText, UtcDateTime, utc_now
+from .steps import Steps, add_parents
 
 __all__ = [
     "COLUMN_NAMES",
@@ -135,6 +136,9 @@ def status_is(column: Any, *statuses: Status | str) -> ColumnElement[bool]:
 
 
 _PROCESSING_LITERAL = status_literal(Status.PROCESSING)
+
+
+_Task = TypeVar("_Task", bound="QueueMixin")
 
 
 class QueueMixin:
@@ -261,6 +265,16 @@ class QueueMixin:
             # row; a row without the mark came another way (bulk_insert_mappings)
             if not mapping.get(PREPARED_ROW):
                 raise UnpreparedTaskError()
+
+    def after(self: _Task, *parents: QueueMixin | Steps) -> _Task:
+        """Run this task once every one of ``parents`` (tasks, or chains
+        and groups: their last tasks) has succeeded; its
+        ``parent_results()`` reads theirs in this order, after those of a
+        chain or group it is in. Returns the task, so ``d =
+        Task(...).after(b, c)``. A workflow that contains the task enqueues
+        its parents too (docs/workflows.md, "Arbitrary DAGs")."""
+        add_parents(self, parents, QueueMixin)
+        return self
 
     def __repr__(self) -> str:
         return (
@@ -512,24 +526,36 @@ def add_queue_schema(
 # ---------------------------------------------------------------- workflows
 #: what a workflow does when one of its steps goes to the dead letter: its
 #: waiting descendants are cancelled, or its children run as if it had
-#: succeeded (with None for its result)
-ON_FAILURE = ("stop", "continue")
+#: succeeded (with None for its result), or they are cancelled and the
+#: workflow's compensation step runs
+ON_FAILURE = ("stop", "continue", "compensate")
 #: a step's result (its handler's return value, as JSON) holds at most this
 #: many bytes (what a TEXT column holds on MySQL); a larger one fails the step
 RESULT_MAX_BYTES = 65_535
 #: ``<table>_wf_steps.state`` of a step the stop policy or an operator cancelled
 STEP_CANCELLED = "cancelled"
+#: ``<table>_wf_steps.state`` of a step that went to the dead letter
+STEP_DEAD = "dead_letter"
+#: ``<table>_wf_steps.state`` of a workflow's compensation step: it waits for
+#: no parent, and runs when the workflow fails (``on_failure="compensate"``)
+STEP_COMPENSATION = "compensation"
+#: a child with more parents than this waits on barrier gates (one per block
+#: of parents) rather than on one gate all of its parents decrement
+GATE_FANIN = 64
 
 
 @dataclass(frozen=True)
 class WorkflowTables:
-    """The two tables beside a queue table that hold its workflows
+    """The three tables beside a queue table that hold its workflows
     (docs/workflows.md): ``steps`` (one row per step: its workflow, its
-    workflow's failure policy, its result) and ``edges`` (child, parent,
-    the parent's position among the child's parents, done)."""
+    workflow's failure policy, its result), ``edges`` (child, parent, the
+    parent's position among the child's parents, the gate of the child it
+    opens, done) and ``gates`` (how many parents a child, or a block of its
+    parents, still waits for; owner ``-W`` is workflow W's end)."""
 
     steps: Table
     edges: Table
+    gates: Table
 
 
 COMPANION_INDEX_INFO = "sqla_queue_companion_index"
@@ -547,20 +573,22 @@ def _companion_index(table_name: str, suffix: str, *columns: str) -> Index:
 
 
 def workflow_tables(table: Table) -> WorkflowTables:
-    """``<table>_wf_steps`` and ``<table>_wf_edges`` in the queue table's
-    MetaData (made and dropped with it by ``create_all``, printed by
-    ``sqla-queue ddl``, added by autogenerate). A step is its task's chain:
-    ``step_id`` is the id of the chain's first row, which its retries carry
-    as ``id_inicial``. No foreign key: the purge deletes finished chains
-    without knowing of workflows."""
+    """``<table>_wf_steps``, ``<table>_wf_edges`` and ``<table>_wf_gates`` in
+    the queue table's MetaData (made and dropped with it by ``create_all``,
+    printed by ``sqla-queue ddl``, added by autogenerate). A step is its
+    task's chain: ``step_id`` is the id of the chain's first row, which its
+    retries carry as ``id_inicial``. No foreign key: the purge deletes
+    finished chains without knowing of workflows."""
     metadata = table.metadata
-    names = [derived_identifier(table.name, suffix, "") for suffix in ("wf_steps", "wf_edges")]
+    suffixes = ("wf_steps", "wf_edges", "wf_gates")
+    names = [derived_identifier(table.name, suffix, "") for suffix in suffixes]
     for name in names:
         validate_identifier(name, "workflow table name")
     keys = [f"{table.schema}.{name}" if table.schema else name for name in names]
-    if keys[0] in metadata.tables and keys[1] in metadata.tables:
-        return WorkflowTables(metadata.tables[keys[0]], metadata.tables[keys[1]])
+    if all(key in metadata.tables for key in keys):
+        return WorkflowTables(*(metadata.tables[key] for key in keys))
     big = BigInteger().with_variant(Integer, "sqlite")
+    info = {"sqla_queue_workflow_of": table.name}
     steps = Table(
         names[0],
         metadata,
@@ -571,7 +599,7 @@ def workflow_tables(table: Table) -> WorkflowTables:
         Column("state", String(16)),
         _companion_index(names[0], "workflow", "workflow_id"),
         schema=table.schema,
-        info={"sqla_queue_workflow_of": table.name},
+        info=info,
     )
     edges = Table(
         names[1],
@@ -579,12 +607,27 @@ def workflow_tables(table: Table) -> WorkflowTables:
         Column("child_id", big, primary_key=True, autoincrement=False),
         Column("parent_id", big, primary_key=True, autoincrement=False),
         Column("position", Integer, nullable=False),
+        # the gate of the child this edge opens: 0 its own, else a barrier
+        Column("slot", Integer, nullable=False, default=0, server_default="0"),
         Column("done", Boolean, nullable=False, default=False, server_default=false()),
         _companion_index(names[1], "parent", "parent_id"),
         schema=table.schema,
-        info={"sqla_queue_workflow_of": table.name},
+        info=info,
     )
-    return WorkflowTables(steps, edges)
+    gates = Table(
+        names[2],
+        metadata,
+        # a step's id, or -W for workflow W's end (its steps without children)
+        Column("owner_id", big, primary_key=True, autoincrement=False),
+        # 0: the owner's own gate; 1 and up: barriers that open slot 0
+        Column("slot", Integer, primary_key=True, autoincrement=False),
+        Column("waiting", Integer, nullable=False),
+        # the workflow's outcome, on its end's gate 0 (succeeded, failed, cancelled)
+        Column("outcome", String(16)),
+        schema=table.schema,
+        info=info,
+    )
+    return WorkflowTables(steps, edges, gates)
 
 
 _STATUS_VALUES = frozenset(status.value for status in Status)

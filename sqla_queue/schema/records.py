@@ -155,6 +155,16 @@ class TaskRecord(SeedColumns):
         reader = self._parents
         return [] if reader is None else reader()
 
+    async def parent_results_async(self) -> list[Any]:
+        """:meth:`parent_results` for an async handler: ``await
+        task.parent_results_async()``. The read is a statement, which an
+        async driver runs only inside SQLAlchemy's greenlet (as
+        ``AsyncSession.run_sync`` does); a plain call there raises
+        ``MissingGreenlet``."""
+        from sqlalchemy.util import greenlet_spawn
+
+        return await greenlet_spawn(self.parent_results)
+
     def as_dict(self) -> dict[str, Any]:
         """The seed's ``tarefa`` dict: seed column names to values."""
         return {column: self[column] for column in _ATTRIBUTES}

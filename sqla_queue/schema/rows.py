@@ -19,15 +19,18 @@ from .records import TaskRecord
 
 __all__ = [
     "CANCELLED_MESSAGE",
+    "CANCELLED_MESSAGES",
     "DEAD_LETTER_SUFFIX",
     "EXHAUSTED_SUFFIX",
     "MESSAGE_GLOSSES",
+    "NOT_NEEDED_MESSAGE",
     "NO_RETRY_SUFFIX",
     "NO_SUBSCRIBERS_MESSAGE",
     "PUBLISHED_MESSAGE",
     "RESCUED_ERROR",
     "RETRY_SUFFIX",
     "STEP_MESSAGE",
+    "STOPPED_MESSAGE",
     "SUCCESS_MESSAGE",
     "SUFFIX_GLOSSES",
     "carried_columns",
@@ -62,6 +65,15 @@ CANCELLED_MESSAGE = "Tarefa cancelada pelo operador."
 #: release (client/workflow.py, batch/workflow.py), without a statement for
 #: every other task
 STEP_MESSAGE = "Etapa de fluxo: ao concluir, libera as etapas seguintes."
+#: a waiting workflow step cancelled because a step before it went to the
+#: dead letter (policies ``stop`` and ``compensate``); a requeue of that
+#: step makes it wait again
+STOPPED_MESSAGE = "Etapa cancelada: uma etapa anterior do fluxo foi para a fila de mortos."
+#: a workflow's compensation step, cancelled because the workflow succeeded
+NOT_NEEDED_MESSAGE = "Compensação não necessária: o fluxo terminou com sucesso."
+#: the ``mensagem`` of a waiting task cancelled (``falha``, state
+#: ``cancelled``): by an operator, or by its workflow
+CANCELLED_MESSAGES = (CANCELLED_MESSAGE, STOPPED_MESSAGE, NOT_NEEDED_MESSAGE)
 
 #: a dead-letter run the default handler ran (``WorkerBase.execute_dead``):
 #: its text after "Tarefa com ID <the chain>" (:func:`dead_letter_message`)
@@ -81,6 +93,8 @@ MESSAGE_GLOSSES = {
     NO_SUBSCRIBERS_MESSAGE: "no subscriber configured: discarded, nothing done",
     CANCELLED_MESSAGE: "cancelled by the operator",
     STEP_MESSAGE: "a workflow step: its success releases the steps after it",
+    STOPPED_MESSAGE: "cancelled: a workflow step before it went to the dead letter",
+    NOT_NEEDED_MESSAGE: "compensation not needed: the workflow succeeded",
 }
 SUFFIX_GLOSSES = {
     RETRY_SUFFIX: "retry enqueued",

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from sqla_queue.common.types import utcnow
-from sqla_queue.schema.rows import CANCELLED_MESSAGE
+from sqla_queue.schema.rows import CANCELLED_MESSAGE, STEP_MESSAGE
 from tests.adapters.conftest import Contract
 
 FUTURE = dt.timedelta(days=1)
@@ -40,10 +40,10 @@ def test_steps_edges_and_results_are_stored_and_read_in_the_parents_order(
         a, b = contract.insert(conn), contract.insert(conn)
         [c] = _waiting(contract, conn, 1)
         queries.steps_insert_many(conn, rows=[(step, a, "continue") for step in (a, b, c)])
-        queries.edges_insert_many(conn, rows=[(c, b, 0), (c, a, 1)])
-        queries.results_write(conn, results=[(a, '{"a":1}'), (b, None)])
+        queries.edges_insert_many(conn, rows=[(c, b, 0, 0), (c, a, 1, 0)])
+        queries.results_write(conn, results=[(a, '{"a":1}')])
     with contract.engine.connect() as conn:
-        assert sorted(queries.children_of(conn, parents=[a, b, 10**9])) == [(a, c), (b, c)]
+        assert sorted(queries.children_of(conn, parents=[a, b, 10**9])) == [(a, c, 0), (b, c, 0)]
         assert queries.parent_results(conn, step_id=c) == [None, '{"a":1}']  # b, then a
         assert queries.parent_results(conn, step_id=a) == []
         assert queries.step_of(conn, step_id=c) == (a, "continue")
@@ -68,38 +68,94 @@ def test_a_waiting_step_is_neither_promoted_nor_claimed_until_released_once(
     assert contract.claim() == [step]
 
 
-def test_the_count_after_the_lock_sees_the_other_parents_commit(contract: Contract) -> None:
+def test_the_gate_locked_after_the_other_parents_commit_reads_its_count(
+    contract: Contract,
+) -> None:
     """Two parents of one child complete in two transactions: the second,
-    whose snapshot predates the first's commit, takes the child's lock,
-    marks its edge and finds no edge left (a locking read), so it releases
-    the child. SQLite has one writer at a time: the interleaving cannot
-    happen there."""
+    whose snapshot predates the first's commit, locks the child's gate and
+    reads the count the first committed (a locking read: InnoDB's plain
+    read would give its snapshot's 2), so it brings it to 0 and releases
+    the child; its edges read as done afterwards. SQLite has one writer at
+    a time: the interleaving cannot happen there."""
     queries = contract.adapter.workflow
     with contract.engine.begin() as conn:
         a, b = contract.insert(conn), contract.insert(conn)
         [child] = _waiting(contract, conn, 1)
         queries.steps_insert_many(conn, rows=[(step, a, "stop") for step in (a, b, child)])
-        queries.edges_insert_many(conn, rows=[(child, a, 0), (child, b, 1)])
+        queries.edges_insert_many(conn, rows=[(child, a, 0, 0), (child, b, 1, 0)])
+        queries.gates_insert_many(conn, rows=[(child, 0, 2)])
     if contract.adapter.single_writer:
         with contract.engine.begin() as conn:
-            queries.lock_tasks(conn, ids=[child])
-            queries.edges_done(conn, parents=[a, b])
-            assert queries.still_waiting(conn, children=[child]) == set()
+            assert queries.gates_lock(conn, keys=[(child, 0)]) == {(child, 0): 2}
+            queries.gates_take(conn, amounts={(child, 0): 2})
+            assert queries.gates_lock(conn, keys=[(child, 0)]) == {(child, 0): 0}
         return
     with contract.engine.connect() as first, contract.engine.connect() as second:
         first.begin()
-        queries.lock_tasks(first, ids=[child])
+        assert queries.gates_lock(first, keys=[(child, 0)]) == {(child, 0): 2}
+        queries.gates_take(first, amounts={(child, 0): 1})
         queries.edges_done(first, parents=[a])
-        assert queries.still_waiting(first, children=[child]) == {child}
         second.begin()
         assert queries.children_of(second, parents=[a, b])  # its snapshot: before the commit
         first.commit()
-        queries.lock_tasks(second, ids=[child])
+        assert queries.gates_lock(second, keys=[(child, 0)]) == {(child, 0): 1}
+        queries.gates_take(second, amounts={(child, 0): 1})
         queries.edges_done(second, parents=[b])
-        assert queries.still_waiting(second, children=[child]) == set()
         assert queries.release(second, ids=[child]) == 1
         second.commit()
     assert _rows(contract, [child])[0][0] == "pendente"
+    with contract.engine.connect() as conn:
+        assert queries.children_of(conn, parents=[a, b]) == []  # done: not read again
+
+
+def test_gates_count_down_by_amount_in_chunks(contract: Contract) -> None:
+    """Many gates at once (more than one statement's worth of keys), two
+    amounts; unknown keys are left out of the counts."""
+    queries = contract.adapter.workflow
+    owners = list(range(10**6, 10**6 + 1200))
+    with contract.engine.begin() as conn:
+        queries.gates_insert_many(conn, rows=[(o, 1 + o % 2, 5) for o in owners])
+        queries.gates_take(conn, amounts={(o, 1 + o % 2): 1 + o % 2 for o in owners})
+        found = queries.gates_lock(conn, keys=[(o, 1 + o % 2) for o in owners] + [(1, 9)])
+    assert found == {(o, 1 + o % 2): 4 - o % 2 for o in owners}
+
+
+def test_a_workflows_outcome_is_written_once_and_reopened(contract: Contract) -> None:
+    queries = contract.adapter.workflow
+    with contract.engine.begin() as conn:
+        a, b, comp = contract.insert(conn), contract.insert(conn), contract.insert(conn)
+        queries.steps_insert_many(conn, rows=[(s, a, "compensate") for s in (a, b, comp)])
+        queries.gates_insert_many(conn, rows=[(-a, 0, 1)])
+        queries.steps_mark(conn, step_ids=[comp], state="compensation")
+        queries.steps_mark(conn, step_ids=[b], state="dead_letter")
+        assert queries.outcome_of(conn, workflow_id=a) is None
+        assert queries.finish(conn, workflow_id=a, outcome="failed")
+        assert not queries.finish(conn, workflow_id=a, outcome="succeeded")
+        assert queries.outcome_of(conn, workflow_id=a) == "failed"
+        assert queries.dead_steps(conn, workflow_id=a) == 1
+        assert queries.compensations_of(conn, workflow_id=a) == [comp]
+        queries.reopen(conn, workflow_id=a)
+        assert queries.outcome_of(conn, workflow_id=a) is None
+        assert queries.outcome_of(conn, workflow_id=10**9) is None
+
+
+def test_a_stopped_step_waits_again_and_a_requeued_row_is_marked(contract: Contract) -> None:
+    """``reinstate``: only rows cancelled with the given message go back to
+    waiting (marked as steps, no time, no end); ``task_mark_steps`` marks a
+    new row."""
+    queries = contract.adapter.workflow
+    with contract.engine.begin() as conn:
+        stopped, operator = _waiting(contract, conn, 2)
+        queries.cancel_waiting(conn, ids=[stopped], message="stopped")
+        queries.cancel_waiting(conn, ids=[operator], message=CANCELLED_MESSAGE)
+        assert queries.reinstate(conn, ids=[stopped, operator], message="stopped") == [stopped]
+        fresh = contract.insert(conn)
+        queries.task_mark_steps(conn, ids=[fresh])
+    assert _rows(contract, [stopped, operator, fresh]) == [
+        ("agendada", None, STEP_MESSAGE),
+        ("falha", _rows(contract, [operator])[0][1], CANCELLED_MESSAGE),
+        ("pendente", _rows(contract, [fresh])[0][1], STEP_MESSAGE),
+    ]
 
 
 def test_cancel_waiting_cancels_only_steps_that_wait_and_marks_them(contract: Contract) -> None:
@@ -140,7 +196,7 @@ def test_open_rows_of_a_workflow_and_their_cancellation(contract: Contract) -> N
         ids = [row for row, _ in found]
         assert queries.cancel_open(conn, ids=[*ids, other + 10**6], message="x") == ids
         assert queries.cancel_open(conn, ids=ids, message="x") == []
-        queries.steps_cancelled(conn, step_ids=[first])
+        queries.steps_mark(conn, step_ids=[first], state="cancelled")
     every = sorted([*ids, other])
     statuses = dict(zip(every, [row[0] for row in _rows(contract, every)], strict=True))
     assert statuses == {first: "falha", waiting: "falha", retry: "falha", other: "pendente"}
@@ -156,7 +212,7 @@ def test_the_operators_view_reads_a_workflows_steps_edges_and_rows(contract: Con
         a, b = contract.insert(conn), contract.insert(conn)
         [c] = _waiting(contract, conn, 1)
         queries.steps_insert_many(conn, rows=[(step, a, "stop") for step in (a, b, c)])
-        queries.edges_insert_many(conn, rows=[(c, b, 0), (c, a, 1)])
+        queries.edges_insert_many(conn, rows=[(c, b, 0, 0), (c, a, 1, 0)])
         queries.results_write(conn, results=[(a, '{"a":1}')])
         later = contract.insert(conn)  # b's dead-letter run: linked by live_id
         table = contract.adapter.table

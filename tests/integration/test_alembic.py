@@ -454,6 +454,7 @@ def test_a_queue_made_before_the_status_table_gets_it_from_autogenerate(
             ("add_index", "ix_fila_antiga_wf_steps_workflow"),
             ("add_table", "fila_antiga_status"),
             ("add_table", "fila_antiga_wf_edges"),
+            ("add_table", "fila_antiga_wf_gates"),
             ("add_table", "fila_antiga_wf_steps"),
         ]
         metadata.create_all(engine)

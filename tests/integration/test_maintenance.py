@@ -344,11 +344,12 @@ def test_purge_deletes_whole_old_chains_and_keeps_open_and_recent_ones(
     routine = worker.maintenance.routine("purge")
     assert isinstance(routine, PurgeRoutine)
     dry = routine.run_once(dry_run=True)
-    assert dry.counts == {"chains": 2, "rows": 4, "chunks": 2, "open_chains_kept": 1}
+    kept = {"chains": 2, "rows": 4, "chunks": 2, "open_chains_kept": 1}
+    assert dry.counts == {**kept, "workflows": 0, "workflow_rows": 0}
     assert _chains(engine, app) == before
     routine.config = dataclasses.replace(routine.config, before_delete=archive)
     result = routine.run_once()
-    assert result.counts == {"chains": 2, "rows": 4, "chunks": 2, "open_chains_kept": 1}
+    assert result.counts == {**kept, "workflows": 0, "workflow_rows": 0}
     name = app.Task.__tablename__
     assert seen == [(name, [purge_scene["done"]], 7), (name, [purge_scene["dead"]], 6)]
     assert set(_chains(engine, app)) == {purge_scene["open"], purge_scene["recent"]}
@@ -462,7 +463,14 @@ def test_purge_keeps_a_requeued_chain_while_its_dead_task_stays_so_it_is_requeue
     revived_effects = [note for _, chain, note in effects(engine, app) if chain == revived.new_id]
     assert revived_effects == ["{'n': 1}"]
     clock.advance(dt.timedelta(days=30))  # past dead_letter_retention: the whole family goes
-    assert purge.run_once().counts == {"chains": 1, "rows": 3, "chunks": 1, "open_chains_kept": 0}
+    assert purge.run_once().counts == {
+        "chains": 1,
+        "rows": 3,
+        "chunks": 1,
+        "open_chains_kept": 0,
+        "workflows": 0,
+        "workflow_rows": 0,
+    }
     assert tasks(engine, app) == []
     assert task_id == revived.live_id
 
@@ -508,13 +516,16 @@ def test_maintenance_run_command_prints_what_it_did(
         env=env,
     )
     assert dry.stdout.startswith(
-        "purge (dry run): chains 1, rows 1, chunks 1, open chains kept 0 in "
+        "purge (dry run): chains 1, rows 1, chunks 1, open chains kept 0, workflows 0, "
+        "workflow rows 0 in "
     )
     assert statuses(engine, app) == {old: "sucesso"}
     done = run_cli(
         "maintenance", "run", "purge", "tests.support.app:RecordingWorker", "--url", db_url, env=env
     )
-    assert done.stdout.startswith("purge: chains 1, rows 1, chunks 1, open chains kept 0 in ")
+    assert done.stdout.startswith(
+        "purge: chains 1, rows 1, chunks 1, open chains kept 0, workflows 0, workflow rows 0 in "
+    )
     assert statuses(engine, app) == {}
     bad = run_cli(
         "maintenance", "run", "compact", "tests.support.app:RecordingWorker", env=env, check=False
@@ -583,7 +594,10 @@ def test_a_long_routine_draws_a_progress_bar_on_a_terminal_and_not_in_a_pipe(
     finished_and_old(200)
     out, drawn, code = _on_a_terminal(args, env)
     assert code == 0, drawn
-    assert out.startswith("purge: chains 200, rows 200, chunks 40, open chains kept 0 in ")
+    assert out.startswith(
+        "purge: chains 200, rows 200, chunks 40, open chains kept 0, workflows 0, "
+        "workflow rows 0 in "
+    )
     assert "purge" in drawn and "rows 200" in drawn and "━" in drawn  # the bar and its counts
     assert statuses(engine, app) == {}
 

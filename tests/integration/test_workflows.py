@@ -5,24 +5,59 @@ burst worker, several lanes where a test says so)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from sqla_queue import QueueClient, TaskNotFoundError, chain, group
+from sqla_queue import ConfigurationError, QueueClient, TaskNotFoundError, chain, group
+from sqla_queue.adapters import adapter_of
 from sqla_queue.config.settings import Settings
-from sqla_queue.schema.mixins import workflow_tables
-from sqla_queue.schema.rows import CANCELLED_MESSAGE, STEP_MESSAGE
+from sqla_queue.ops.workflow_view import workflow_status
+from sqla_queue.policies import hooks
+from sqla_queue.schema.mixins import GATE_FANIN, workflow_tables
+from sqla_queue.schema.rows import (
+    CANCELLED_MESSAGE,
+    NOT_NEEDED_MESSAGE,
+    STEP_MESSAGE,
+    STOPPED_MESSAGE,
+)
 from sqla_queue.worker import Runner
 from tests.integration.test_worker import drain, effects, tasks
 from tests.support.app import App
 
 
 # --------------------------------------------------------------------- helpers
+class Finished:
+    """The ``workflow_finished`` events the process's hooks tell, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, str]] = []
+
+    def _observe(self, event: Any) -> None:
+        self.events.append((event.workflow_id, event.outcome))
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator[None]:
+        hooks.registry.add(hooks.WORKFLOW_FINISHED, self._observe)
+        try:
+            yield
+        finally:
+            hooks.registry.remove(hooks.WORKFLOW_FINISHED, self._observe)
+
+
+def app_outcome(conn: Any, app: App, workflow_id: int) -> str | None:
+    """The outcome written on the workflow's end."""
+    return adapter_of(conn.dialect, app.Task.__table__).workflow.outcome_of(
+        conn, workflow_id=workflow_id
+    )
+
+
 def step(app: App, name: str, **payload: Any) -> Any:
     """An unsaved task named ``name`` (its handler returns the name)."""
     return app.Task(process="faturar", payload={"name": name, **payload})
@@ -38,6 +73,8 @@ class Seen:
         self.parents: dict[str, list[Any]] = {}
         self.runs: list[str] = []
         self.others_committed: list[bool] = []
+        #: steps with ``fail`` in their payload succeed from now on (a fix deployed)
+        self.healed = False
 
 
 def flow_worker(app: App, seen: Seen, observer: Engine | None = None, **attributes: Any) -> Any:
@@ -61,7 +98,8 @@ def flow_worker(app: App, seen: Seen, observer: Engine | None = None, **attribut
                 seen.parents[name] = parents
                 seen.runs.append(name)
             session.add(app.Effect(task_id=task.id, chain_id=task.chain_id, note=name))
-            if payload.get("fail") or (payload.get("fail_first") and task.attempt == 1):
+            failing = payload.get("fail") and not seen.healed
+            if failing or (payload.get("fail_first") and task.attempt == 1):
                 raise RuntimeError(f"step {name} fails on purpose")
             return payload.get("value", name)
 
@@ -114,7 +152,7 @@ def test_a_parent_that_succeeds_at_its_second_attempt_still_releases_its_child(
     seen = Seen()
     a, b = step(app, "a", fail_first=True), step(app, "b")
     enqueue_flow(engine, chain(a, b))
-    assert [t.message for t in tasks(engine, app)] == [STEP_MESSAGE, None]
+    assert [t.message for t in tasks(engine, app)] == [STEP_MESSAGE, STEP_MESSAGE]
 
     drain(flow_worker(app, seen, max_retry=2), engine)
 
@@ -237,7 +275,7 @@ def test_the_stop_policy_cancels_the_steps_after_a_dead_step(
     assert "callback" not in seen.runs and "after" not in seen.runs
     rows = {t.payload["name"]: t for t in tasks(engine, app) if not t.dead and t.attempt == 1}
     for name in ("callback", "after"):
-        assert (rows[name].status, rows[name].message) == ("falha", CANCELLED_MESSAGE)
+        assert (rows[name].status, rows[name].message) == ("falha", STOPPED_MESSAGE)
     assert rows["good"].status == "sucesso"
     steps = workflow_tables(app.Task.__table__).steps
     with engine.connect() as conn:
@@ -263,6 +301,125 @@ def test_the_continue_policy_runs_the_callback_with_none_for_the_dead_step(
 
     assert seen.runs.count("callback") == 1
     assert seen.parents["callback"] == [None, "good"]
+
+
+def test_compensation_runs_once_when_a_step_dies_and_the_steps_after_it_stop(
+    engine: Engine, app: App, installed: None
+) -> None:
+    seen = Seen()
+    flow = group(step(app, "bad", fail=True), step(app, "good")).then(step(app, "callback"))
+    workflow_id = enqueue_flow(engine, flow, compensate=step(app, "undo"))
+    finished = Finished()
+
+    with finished.observing():
+        drain(flow_worker(app, seen, max_retry=2), engine)
+
+    assert sorted(seen.runs) == ["bad", "bad", "good", "undo"]
+    rows = {t.payload["name"]: t for t in tasks(engine, app) if not t.dead and t.attempt == 1}
+    assert (rows["callback"].status, rows["callback"].message) == ("falha", STOPPED_MESSAGE)
+    assert rows["undo"].status == "sucesso"
+    assert finished.events == [(workflow_id, "failed")]
+
+
+def test_compensation_is_cancelled_when_the_workflow_succeeds(
+    engine: Engine, app: App, installed: None
+) -> None:
+    seen = Seen()
+    workflow_id = enqueue_flow(
+        engine, chain(step(app, "a"), step(app, "b")), compensate=step(app, "undo")
+    )
+    finished = Finished()
+
+    with finished.observing():
+        drain(flow_worker(app, seen), engine)
+
+    assert seen.runs == ["a", "b"]
+    undo = [t for t in tasks(engine, app) if t.payload["name"] == "undo"]
+    assert [(t.status, t.message) for t in undo] == [("falha", NOT_NEEDED_MESSAGE)]
+    assert finished.events == [(workflow_id, "succeeded")]
+    # the operator's view: the cancelled compensation does not make it "cancelled"
+    shown = workflow_status(engine, app.Task, workflow_id)
+    assert shown.state == "succeeded"
+    assert [s.compensation for s in shown.steps] == [False, False, True]
+
+
+def test_compensate_is_refused_with_continue_and_without_a_task(
+    engine: Engine, app: App, installed: None
+) -> None:
+    with Session(engine) as session:
+        with pytest.raises(ConfigurationError, match="cannot go with compensate"):
+            chain(step(app, "a")).enqueue(
+                session, on_failure="continue", compensate=step(app, "undo")
+            )
+        with pytest.raises(ConfigurationError, match="needs a compensate= task"):
+            chain(step(app, "a")).enqueue(session, on_failure="compensate")
+        assert not session.new
+
+
+def test_a_requeued_dead_step_resumes_its_stopped_workflow(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """A step dies, the steps after it stop; a fix, a requeue of the dead
+    step: it runs, the stopped steps wait for it again, run in order with
+    its result, and the workflow ends succeeded (after it had failed)."""
+    seen = Seen()
+    bad = step(app, "bad", fail=True)
+    workflow_id = enqueue_flow(engine, chain(step(app, "a"), bad, step(app, "c"), step(app, "d")))
+    finished = Finished()
+    with finished.observing():
+        drain(flow_worker(app, seen, max_retry=1), engine)
+        assert "c" not in seen.runs
+        seen.healed = True
+        with Session(engine) as session, session.begin():
+            [requeued] = QueueClient(session, app.Task).requeue_dead([bad.id])
+        drain(flow_worker(app, seen, max_retry=1), engine)
+
+    assert seen.runs[-3:] == ["bad", "c", "d"]
+    assert seen.parents["c"] == ["bad"]
+    assert requeued.live_id == bad.id
+    assert finished.events == [(workflow_id, "failed"), (workflow_id, "succeeded")]
+    with engine.connect() as conn:
+        assert app_outcome(conn, app, workflow_id) == "succeeded"
+
+
+def test_a_groups_callback_waits_on_barriers_and_each_end_is_counted_once(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """A group larger than GATE_FANIN: its callback's gate counts barriers
+    (blocks of about sqrt(n) parents), never below 0; a group without a
+    callback ends its workflow once, the metric counts it after the commit."""
+    from prometheus_client import CollectorRegistry
+
+    from sqla_queue.ops.metrics import QueueMetrics
+
+    seen = Seen()
+    n = GATE_FANIN * 2 + 1
+    with_callback = enqueue_flow(
+        engine, group(*(step(app, f"p{i}") for i in range(n))).then(step(app, "callback"))
+    )
+    alone = enqueue_flow(engine, group(*(step(app, f"q{i}") for i in range(n))))
+    gates = workflow_tables(app.Task.__table__).gates
+    with engine.connect() as conn:
+        rows = conn.execute(select(gates.c.owner_id, gates.c.slot, gates.c.waiting)).all()
+    barriers = [w for owner, slot, w in rows if owner > 0 and slot > 0]
+    assert len(barriers) > 1 and sum(barriers) == n and max(barriers) < GATE_FANIN
+    metrics = QueueMetrics(app.Task.__tablename__, registry=CollectorRegistry()).attach()
+    try:
+        drain(flow_worker(app, seen), engine, concurrency=4)
+        counted = metrics.registry.get_sample_value(
+            "sqla_queue_workflows_total",
+            {"queue": app.Task.__tablename__, "outcome": "succeeded"},
+        )
+    finally:
+        metrics.detach()
+    assert seen.runs.count("callback") == 1 and seen.parents["callback"] == [
+        f"p{i}" for i in range(n)
+    ]
+    assert counted == 2
+    with engine.connect() as conn:
+        left = conn.execute(select(gates.c.waiting).where(gates.c.waiting != 0)).scalars().all()
+        assert left == []
+        assert app_outcome(conn, app, with_callback) == app_outcome(conn, app, alone)
 
 
 # --------------------------------------------------------------------- cancel
@@ -292,8 +449,8 @@ def test_a_worker_on_a_database_without_the_workflow_tables_runs_ordinary_tasks(
     engine: Engine, app: App, installed: None
 ) -> None:
     tables = workflow_tables(app.Task.__table__)
-    tables.edges.drop(engine)
-    tables.steps.drop(engine)
+    for table in (tables.gates, tables.edges, tables.steps):
+        table.drop(engine)
     try:
         with Session(engine) as session, session.begin():
             session.add_all([step(app, "plain"), step(app, "broken", fail=True)])
@@ -309,8 +466,8 @@ def test_a_worker_on_a_database_without_the_workflow_tables_runs_ordinary_tasks(
             (True, "sucesso"),
         ]
     finally:  # the engine fixture drops every table of the metadata
-        tables.steps.create(engine)
-        tables.edges.create(engine)
+        for table in (tables.steps, tables.edges, tables.gates):
+            table.create(engine)
 
 
 def test_the_stored_result_is_json(engine: Engine, app: App, installed: None) -> None:
@@ -320,7 +477,8 @@ def test_the_stored_result_is_json(engine: Engine, app: App, installed: None) ->
     steps = workflow_tables(app.Task.__table__).steps
     with engine.connect() as conn:
         stored = conn.execute(select(steps.c.result).order_by(steps.c.step_id)).scalars().all()
-    assert [None if text is None else json.loads(text) for text in stored] == [[1, "é", None], None]
+    # the last step's too: a workflow's result is that of its steps without children
+    assert [None if text is None else json.loads(text) for text in stored] == [[1, "é", None], "b"]
 
 
 def test_the_async_twins_enqueue_and_cancel_a_workflow(

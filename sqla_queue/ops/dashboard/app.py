@@ -83,6 +83,7 @@ from ..status import (
     recent_copies,
     task_timeline,
 )
+from ..workflow_view import workflow_of
 from .assets import CSS, JS, TEMPLATES
 from .auth import DashboardSession, LoginThrottle, SessionStore
 from .history import WINDOWS, chart, finished_history
@@ -319,6 +320,8 @@ def create_app(
             timeline=timeline,
             actions=_actions_for(timeline),
             payload=json.dumps(payload, ensure_ascii=False, indent=2),
+            # a workflow's step links to its workflow's page
+            workflow_id=workflow_of(engine, table, timeline.chain_id),
         )
 
     def dead(request: Request) -> Response:

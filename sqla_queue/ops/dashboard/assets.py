@@ -125,6 +125,7 @@ TEMPLATES = {
 {% block title %}task {{ timeline.task_id }}{% endblock %}
 {% block main %}
 <h2>Task {{ timeline.task_id }}: chain {{ timeline.chain_id }} ({{ timeline.process }}), <span id="state">{{ timeline.state }}</span></h2>
+{% if workflow_id %}<p id="workflow">A step of <a href="{{ root }}/workflows/{{ workflow_id }}">workflow {{ workflow_id }}</a>.</p>{% endif %}
 <div class="actions">
 {% for action, label in actions %}
 <form method="post" action="{{ root }}/api/tasks/{{ timeline.task_id }}/{{ action }}" class="inline">
