@@ -222,7 +222,15 @@ class StepLinks:
         queries.gates_take(conn, amounts=amounts)
         reached = []
         for gate, n in sorted(amounts.items()):
-            left = waiting.get(gate, n) - n
+            if gate not in waiting:  # enqueued before the gates: never released early
+                logger.error(
+                    "workflow gate %s is missing: step %d is not released (a workflow "
+                    "enqueued before its queue had gates? docs/workflows.md, Tables)",
+                    gate,
+                    gate[0],
+                )
+                continue
+            left = waiting[gate] - n
             if left == 0:
                 reached.append(gate)
             elif left < 0:  # a gate counted down past 0: never released twice
