@@ -813,6 +813,15 @@ class Adapter:
         stmt = insert(self.table)
         return [conn.execute(stmt, dict(row)).inserted_primary_key[0] for row in rows]  # type: ignore[index]
 
+    def rows_insert_many(
+        self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Insert ``rows`` (every column of ``table`` each, no server
+        default to fill) into a table beside the queue table (the
+        workflows'): one executemany."""
+        if rows:
+            conn.execute(insert(table), list(rows))
+
     def task_copy_many(self, conn: Connection, *, rows: Sequence[Mapping[str, Any]]) -> list[int]:
         """Bulk insert through the database's COPY protocol."""
         raise UnsupportedOperationError(f"{self.family}: COPY (use insert_tasks)")

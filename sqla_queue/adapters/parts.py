@@ -6,10 +6,10 @@ parts, so they cannot import it back."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sqlalchemy import Table
+from sqlalchemy import Connection, Table
 from sqlalchemy.sql.elements import ColumnElement
 
 __all__ = ["PartOwner"]
@@ -28,5 +28,9 @@ class PartOwner(Protocol):
     def id_match(self, column: Any, name: str) -> ColumnElement[bool]: ...
 
     def id_chunks(self, ids: Sequence[int]) -> list[list[int]]: ...
+
+    def rows_insert_many(
+        self, conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]
+    ) -> None: ...
 
     def force_index(self, statement: Any, index: str) -> Any: ...

@@ -28,7 +28,6 @@ from sqlalchemy import (
     bindparam,
     false,
     func,
-    insert,
     inspect,
     select,
     tuple_,
@@ -193,32 +192,35 @@ class WorkflowQueries:
 
     def steps_insert_many(self, conn: Connection, *, rows: Sequence[tuple[int, int, str]]) -> None:
         """Insert steps: (step_id, workflow_id, on_failure) each."""
-        if rows:
-            conn.execute(
-                insert(self.steps),
-                [{"step_id": s, "workflow_id": w, "on_failure": f} for s, w, f in rows],
-            )
+        self.adapter.rows_insert_many(
+            conn,
+            self.steps,
+            [
+                {"step_id": s, "workflow_id": w, "on_failure": f, "result": None, "state": None}
+                for s, w, f in rows
+            ],
+        )
 
     def edges_insert_many(
         self, conn: Connection, *, rows: Sequence[tuple[int, int, int, int]]
     ) -> None:
         """Insert edges: (child_id, parent_id, position, slot) each, not done."""
-        if rows:
-            conn.execute(
-                insert(self.edges),
-                [
-                    {"child_id": c, "parent_id": p, "position": n, "slot": g, "done": False}
-                    for c, p, n, g in rows
-                ],
-            )
+        self.adapter.rows_insert_many(
+            conn,
+            self.edges,
+            [
+                {"child_id": c, "parent_id": p, "position": n, "slot": g, "done": False}
+                for c, p, n, g in rows
+            ],
+        )
 
     def gates_insert_many(self, conn: Connection, *, rows: Sequence[tuple[int, int, int]]) -> None:
         """Insert gates: (owner_id, slot, waiting) each."""
-        if rows:
-            conn.execute(
-                insert(self.gates),
-                [{"owner_id": o, "slot": g, "waiting": n} for o, g, n in rows],
-            )
+        self.adapter.rows_insert_many(
+            conn,
+            self.gates,
+            [{"owner_id": o, "slot": g, "waiting": n, "outcome": None} for o, g, n in rows],
+        )
 
     def task_wait_many(self, conn: Connection, *, ids: Sequence[int]) -> int:
         """Make the new ``agendada`` rows ``ids`` wait for their parents

@@ -236,3 +236,24 @@ def test_the_operators_view_reads_a_workflows_steps_edges_and_rows(contract: Con
         assert view.steps_of(conn, workflow_id=10**9) == []
         assert view.edges_of(conn, workflow_id=10**9) == []
         assert view.rows_of(conn, workflow_id=10**9) == []
+
+
+def test_many_steps_and_edges_are_inserted_at_once(contract: Contract) -> None:
+    """``rows_insert_many``: a large workflow's steps and edges (COPY on
+    psycopg from COPY_THRESHOLD rows, an executemany elsewhere and below),
+    every value as given."""
+    queries = contract.adapter.workflow
+    many = max(getattr(contract.adapter, "COPY_THRESHOLD", 0), 10) + 5
+    steps = list(range(10**6, 10**6 + many))
+    with contract.engine.begin() as conn:
+        queries.steps_insert_many(conn, rows=[(s, steps[0], "compensate") for s in steps])
+        queries.edges_insert_many(
+            conn, rows=[(-steps[0], s, n, 1 + n % 3) for n, s in enumerate(steps)]
+        )
+        queries.gates_insert_many(conn, rows=[(-steps[0], 0, 3)])
+    with contract.engine.connect() as conn:
+        assert queries.steps_of_workflow(conn, workflow_id=steps[0]) == steps
+        assert queries.step_of(conn, step_id=steps[-1]) == (steps[0], "compensate")
+        found = sorted(queries.children_of(conn, parents=steps))
+        assert found == sorted((s, -steps[0], 1 + n % 3) for n, s in enumerate(steps))
+        assert queries.gates_lock(conn, keys=[(-steps[0], 0)]) == {(-steps[0], 0): 3}
