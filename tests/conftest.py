@@ -148,22 +148,29 @@ def server_url(kind: str) -> str:
 
 #: seconds a Spark test may take (pytest-timeout), setup included
 SPARK_TEST_TIMEOUT = 360
-#: the Spark tests of this file are a group of their own (an xdist_group)
-SPARK_ARCHIVE_FILE, SPARK_ARCHIVE_GROUP = "test_spark_archive.py", "spark-archive"
+#: the Spark tests of this file are a group of their own (an xdist_group):
+#: about half of the Spark tests' time (the 200,000 rows), the other files
+#: together the other half (the archive, the commands, the report), so that
+#: neither group's worker is the suite's critical path
+SPARK_ENQUEUE_FILE, SPARK_ENQUEUE_GROUP = "test_spark_enqueue.py", "spark-enqueue"
+#: the group of the other Spark tests; every test of SPARK_ARCHIVE_FILE is in it
+SPARK_GROUP, SPARK_ARCHIVE_FILE = "spark", "test_spark_archive.py"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's ``--dist loadgroup``: the Spark tests in two groups,
     each on one worker that starts the SparkSession (a JVM) its group shares;
-    test_spark_archive.py is one group. First of the hook's implementations:
+    test_spark_enqueue.py is one group. First of the hook's implementations:
     pytest-xdist's own reads the groups (on each worker, into the test ids),
     and until 2026-11-27 it ran before this one and saw none, so every
     worker started a SparkSession of its own."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
-            archive = item.path.name == SPARK_ARCHIVE_FILE
-            item.add_marker(pytest.mark.xdist_group(SPARK_ARCHIVE_GROUP if archive else "spark"))
+            enqueue = item.path.name == SPARK_ENQUEUE_FILE
+            item.add_marker(
+                pytest.mark.xdist_group(SPARK_ENQUEUE_GROUP if enqueue else SPARK_GROUP)
+            )
             if item.get_closest_marker("timeout") is None:
                 # a JVM's jobs: 100 s quiet for the slowest (setup and call),
                 # past the 120 s default under a busy loop, and a timeout in
@@ -179,7 +186,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     pytest 9.2 and pytest-xdist 3.8: pytest-dev/pytest-xdist#1386), and
     every worker would start a JVM of its own, silently: stop instead."""
     archive = [i for i in ids if f"/{SPARK_ARCHIVE_FILE}::" in i]
-    lost = [i for i in archive if not i.endswith(f"@{SPARK_ARCHIVE_GROUP}")]
+    lost = [i for i in archive if not i.endswith(f"@{SPARK_GROUP}")]
     if lost:
         raise pytest.UsageError(
             f"--dist loadgroup lost the group of {lost[0]}: this pytest and pytest-xdist "

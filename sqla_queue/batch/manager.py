@@ -587,13 +587,13 @@ class TaskManager:
 
     @staticmethod
     def _rollback(lane: Lane) -> None:
-        StepLinks.rolled_back(lane.work_conn)
         transaction, lane.transaction = lane.transaction, None
         if transaction is not None:
             try:
                 transaction.rollback()
             except Exception as exc:  # its connection is gone, and the transaction with it
                 logger.debug("rolling back a lane's batch: %s", describe_error(exc))
+        StepLinks.rolled_back(lane.work_conn)
 
     def run_here(
         self, conn: Connection, tasks: Sequence[TaskRecord], handler: Handler

@@ -265,9 +265,12 @@ class StepLinks:
 
     @staticmethod
     def rolled_back(conn: Connection | None) -> None:
-        """``conn``'s transaction rolled back: what it decided did not happen."""
-        if conn is not None:
-            conn.info.pop(_FINISHED, None)
+        """``conn``'s transaction rolled back: what it decided did not happen.
+        A lost connection is left alone: reading its ``info`` would
+        reconnect it, and the entries went with the driver's connection."""
+        if conn is None or conn.closed or conn.invalidated:
+            return
+        conn.info.pop(_FINISHED, None)
 
     def failed(self, conn: Connection, task: TaskRecord) -> None:
         """``task`` went to the dead letter, in ``conn``'s transaction:
