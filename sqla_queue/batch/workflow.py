@@ -184,20 +184,16 @@ class StepLinks:
             return
         results = [(task.step_id, task._result) for task in parents if task._result is not None]
         self.adapter.workflow.results_write(conn, results=results)  # type: ignore[arg-type]
-        self._open(conn, [task.step_id for task in parents], [task._children for task in parents])  # type: ignore[misc]
+        self._open(conn, [task._children for task in parents])
 
-    def _open(
-        self,
-        conn: Connection,
-        parents: Sequence[int],
-        gates: Sequence[Sequence[tuple[int, int]]],
-    ) -> None:
-        """``parents`` are done: mark their edges, count down the gates
-        they open (``gates``: each parent's (child, slot)), release the
-        children whose own gate reaches 0 and finish the workflows whose
-        end does."""
+    def _open(self, conn: Connection, gates: Sequence[Sequence[tuple[int, int]]]) -> None:
+        """Parents are done: count down the gates they open (``gates``:
+        each parent's (child, slot)), release the children whose own gate
+        reaches 0 and finish the workflows whose end does. A parent's
+        success opens its gates once (its chain succeeds once); a dead
+        letter under ``continue`` marks its edges done as well, so that a
+        requeue of that step opens nothing again."""
         queries = self.adapter.workflow
-        queries.edges_done(conn, parents=parents)
         opened = Counter(gate for each in gates for gate in each)
         barriers = {gate: n for gate, n in opened.items() if gate[1] != 0}
         own = Counter({gate: n for gate, n in opened.items() if gate[1] == 0})
@@ -287,7 +283,8 @@ class StepLinks:
         if policy == "continue":
             edges = queries.children_of(conn, parents=[step])
             if edges:
-                self._open(conn, [step], [[(child, slot) for _, child, slot in edges]])
+                queries.edges_done(conn, parents=[step])
+                self._open(conn, [[(child, slot) for _, child, slot in edges]])
             return
         below = descendants(step, queries.edges_of_workflow(conn, workflow_id=workflow_id))
         cancelled = queries.cancel_waiting(conn, ids=sorted(below), message=STOPPED_MESSAGE)

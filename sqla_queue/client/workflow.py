@@ -367,10 +367,10 @@ def resume_steps(conn: Connection, adapter: Adapter, revived: Sequence[tuple[int
         if found is None:
             continue
         workflow_id, policy = found
-        queries.task_mark_steps(conn, ids=[new_id])
         queries.steps_mark(conn, step_ids=[step], state=None)
         if policy == "continue":
-            continue  # its children were released at its dead letter
+            continue  # its dead letter opened its gates: the new chain opens none
+        queries.task_mark_steps(conn, ids=[new_id])
         below = descendants(step, queries.edges_of_workflow(conn, workflow_id=workflow_id))
         again = queries.reinstate(conn, ids=sorted(below), message=STOPPED_MESSAGE)
         queries.steps_mark(conn, step_ids=again, state=None)

@@ -83,9 +83,10 @@ class TaskRecord(SeedColumns):
     #: carried to the task's retry and dead-letter rows
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     _decoded: list[Any] = field(default_factory=list, repr=False, compare=False)
-    #: a workflow step's children (step ids), read when the task was claimed
-    #: (the manager's): their release commits with this task's ``sucesso``
-    _children: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    #: the gates a workflow step opens, (child, slot) each (``-W``: its
+    #: workflow's end), read when the task was claimed (the manager's):
+    #: their count-down commits with this task's ``sucesso``
+    _children: tuple[tuple[int, int], ...] = field(default=(), repr=False, compare=False)
     #: the handler's return value as JSON, kept for the children to read
     _result: str | None = field(default=None, repr=False, compare=False)
     #: reads the parents' results on the handler's transaction (the manager

@@ -422,6 +422,34 @@ def test_a_groups_callback_waits_on_barriers_and_each_end_is_counted_once(
         assert app_outcome(conn, app, with_callback) == app_outcome(conn, app, alone)
 
 
+def test_a_requeued_dead_step_under_continue_opens_no_gate_again(
+    engine: Engine, app: App, installed: None
+) -> None:
+    """Its dead letter released the callback already: the requeued run
+    succeeds and counts nothing down a second time."""
+    seen = Seen()
+    bad = step(app, "bad", fail=True)
+    flow = (
+        group(bad, step(app, "good"))
+        .then(
+            step(app, "callback"),
+        )
+        .then(step(app, "after"))
+    )
+    enqueue_flow(engine, flow, on_failure="continue")
+    drain(flow_worker(app, seen, max_retry=1), engine)
+    seen.healed = True
+    with Session(engine) as session, session.begin():
+        QueueClient(session, app.Task).requeue_dead([bad.id])
+    drain(flow_worker(app, seen, max_retry=1), engine)
+
+    assert seen.runs.count("bad") == 2 and seen.runs.count("callback") == 1
+    assert seen.runs.count("after") == 1
+    gates = workflow_tables(app.Task.__table__).gates
+    with engine.connect() as conn:
+        assert conn.execute(select(func.min(gates.c.waiting))).scalar_one() == 0
+
+
 # --------------------------------------------------------------------- cancel
 def test_cancel_workflow_cancels_its_waiting_steps(
     engine: Engine, app: App, installed: None
