@@ -251,9 +251,16 @@ def test_many_steps_and_edges_are_inserted_at_once(contract: Contract) -> None:
             conn, rows=[(-steps[0], s, n, 1 + n % 3) for n, s in enumerate(steps)]
         )
         queries.gates_insert_many(conn, rows=[(-steps[0], 0, 3)])
+    with contract.engine.begin() as conn:  # the adapter's own method, on any table of ours
+        contract.adapter.rows_insert_many(
+            conn,
+            queries.gates,
+            [{"owner_id": s, "slot": 0, "waiting": 1, "outcome": None} for s in steps],
+        )
     with contract.engine.connect() as conn:
         assert queries.steps_of_workflow(conn, workflow_id=steps[0]) == steps
         assert queries.step_of(conn, step_id=steps[-1]) == (steps[0], "compensate")
+        assert queries.gates_lock(conn, keys=[(s, 0) for s in steps]) == {(s, 0): 1 for s in steps}
         found = sorted(queries.children_of(conn, parents=steps))
         assert found == sorted((s, -steps[0], 1 + n % 3) for n, s in enumerate(steps))
         assert queries.gates_lock(conn, keys=[(-steps[0], 0)]) == {(-steps[0], 0): 3}
