@@ -467,15 +467,8 @@ class PostgresAdapter(Adapter):
         columns = self._columns_of(rows)
         names = ", ".join(f'"{name}"' for name in ("id", *columns))
         statement = f"COPY {self._quoted()} ({names}) FROM STDIN"
-        rows_out = zip(ids, *columns.values(), strict=True)
         # conn.execute above began the transaction or refused a dead one
-        with driver_cursor(conn, statement) as cursor:
-            if conn.dialect.is_async:
-                _copy_async(conn, statement, rows_out)
-            else:
-                with cursor.copy(statement) as copy:
-                    for row in rows_out:
-                        copy.write_row(row)
+        _copy_rows(conn, statement, zip(ids, *columns.values(), strict=True))
         return ids
 
     def rows_insert_many(
@@ -497,15 +490,8 @@ class PostgresAdapter(Adapter):
             f"COPY {quote.format_table(table)} "
             f"({', '.join(quote.quote(name) for name in names)}) FROM STDIN"
         )
-        rows_out = [tuple(row[name] for name in names) for row in rows]
         conn.execute(select(literal(1)))  # begins the transaction, or refuses a dead one
-        with driver_cursor(conn, statement) as cursor:
-            if conn.dialect.is_async:
-                _copy_async(conn, statement, rows_out)
-            else:
-                with cursor.copy(statement) as copy:
-                    for row in rows_out:
-                        copy.write_row(row)
+        _copy_rows(conn, statement, (tuple(row[name] for name in names) for row in rows))
 
     def task_copy_text(
         self, conn: Connection, *, columns: Sequence[str], chunks: Iterable[str]
@@ -1289,6 +1275,18 @@ class PostgresListener(Listener):
             finally:
                 with contextlib.suppress(Exception):
                     conn.close()
+
+
+def _copy_rows(conn: Connection, statement: str, rows: Iterable[Sequence[Any]]) -> None:
+    """COPY ``rows`` (tuples in the statement's column order) on psycopg,
+    sync or async; the caller has begun the transaction."""
+    with driver_cursor(conn, statement) as cursor:
+        if conn.dialect.is_async:
+            _copy_async(conn, statement, rows)
+        else:
+            with cursor.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
 
 
 def _copy_async(conn: Connection, statement: str, rows: Iterable[Sequence[Any]]) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
+    Table,
     and_,
     bindparam,
     false,
@@ -49,12 +50,22 @@ from ..schema.rows import STEP_MESSAGE
 if TYPE_CHECKING:
     from .parts import PartOwner
 
-__all__ = ["WorkflowQueries"]
+__all__ = ["WorkflowQueries", "tables_present"]
 
 _WAITING = (Status.PENDING, Status.SCHEDULED)
 #: gate keys per statement: an IN list of row values short enough for an
 #: index look-up on every database (see ``id_chunks``)
 _KEYS_MAX = 500
+
+
+def tables_present(conn: Connection, tables: Iterable[Table]) -> bool:
+    """Whether the database has every one of ``tables`` (a catalog read;
+    False where even that read fails)."""
+    try:
+        found = inspect(conn)
+        return all(found.has_table(table.name, schema=table.schema) for table in tables)
+    except SQLAlchemyError:
+        return False
 
 
 class WorkflowQueries:
@@ -174,14 +185,7 @@ class WorkflowQueries:
     def tables_exist(self, conn: Connection) -> bool:
         """Whether the database has both workflow tables (a queue made
         before them has not; its worker then skips every statement here)."""
-        try:
-            found = inspect(conn)
-            return all(
-                found.has_table(table.name, schema=table.schema)
-                for table in (self.steps, self.edges, self.gates)
-            )
-        except SQLAlchemyError:
-            return False
+        return tables_present(conn, (self.steps, self.edges, self.gates))
 
     def tables_probe(self, conn: Connection) -> None:
         """Read and update both workflow tables, touching no row: raises

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, bindparam, delete, func, inspect, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Connection, bindparam, delete, func, select
 
 from ..common.identifiers import derived_identifier
 from ..schema.mixins import inline_count, workflow_tables
+from .workflow import tables_present
 
 if TYPE_CHECKING:
     from .parts import PartOwner
@@ -74,11 +74,7 @@ class WorkflowPurgeQueries:
     def tables_exist(self, conn: Connection) -> bool:
         """Whether the database has every workflow table (a queue made
         before them has not: the purge then leaves workflows alone)."""
-        try:
-            found = inspect(conn)
-            return all(found.has_table(t.name, schema=t.schema) for t in self.tables)
-        except SQLAlchemyError:
-            return False
+        return tables_present(conn, self.tables)
 
     def workflow_scan(self, conn: Connection, *, after: int, limit: int) -> list[int]:
         """The ``workflow_id`` of each of the first ``limit`` steps whose

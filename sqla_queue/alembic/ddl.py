@@ -22,6 +22,7 @@ from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.schema import CreateIndex
 
+from ..common.dialects import DIALECTS
 from ..common.exceptions import ConfigurationError
 from ..common.identifiers import validate_identifier
 from ..config.settings import driver_error
@@ -35,14 +36,6 @@ from ..schema.subscribers import SubscriberMixin
 
 __all__ = ["DIALECTS", "queue_ddl", "queue_tables"]
 
-#: ``--dialect`` choices -> the SQLAlchemy dialect that compiles the DDL
-DIALECTS = {
-    "postgresql": "postgresql://",
-    "mysql": "mysql://",
-    "mariadb": "mariadb://",
-    "singlestore": "singlestoredb://",
-    "sqlite": "sqlite://",
-}
 SUBSCRIBER_SUFFIX = "_subscriber"  # the reference's subscriber table: <queue>_subscriber
 
 

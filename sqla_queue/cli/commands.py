@@ -10,7 +10,7 @@ from typing import Any
 import click
 from sqlalchemy import URL, Engine
 
-from ..alembic.ddl import DIALECTS, queue_ddl
+from ..common.dialects import DIALECTS
 from ..common.exceptions import ConfigurationError, SqlaQueueError
 from ..common.logs import configure
 from ..config.ranges import COMMIT_BUDGET_MS, CONCURRENCY, LISTEN_PORT, PORT
@@ -226,6 +226,8 @@ def webhook(model: str, subscriber_model: str, processes: tuple[str, ...], **opt
 
 def print_ddl(schema: str, queue: str, **options: Any) -> None:
     """Print :func:`sqla_queue.alembic.ddl.queue_ddl`, a bad name as a one-line error."""
+    from ..alembic.ddl import queue_ddl  # alembic, imported by this command only
+
     try:
         click.echo(queue_ddl(schema, queue, **options), nl=False)
     except SqlaQueueError as exc:

@@ -40,14 +40,18 @@ def idle_engine(app: App) -> Iterator[Engine]:
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-        for setting in ("idle_session_timeout", "idle_in_transaction_session_timeout"):
-            conn.execute(text(f'ALTER DATABASE "{name}" SET {setting} = {IDLE_MS}'))
     # as the CLI makes it (settings.py): a pooled connection the server ended
     # while it sat in the pool is replaced at checkout
     engine = create_engine(admin.url.set(database=name), pool_pre_ping=True)
     try:
+        # the tables first: create_all's one transaction, on a loaded
+        # machine, may sit idle longer than IDLE_MS between two statements
         app.Base.metadata.create_all(engine)
-        yield engine
+        engine.dispose()
+        with admin.connect() as conn:
+            for setting in ("idle_session_timeout", "idle_in_transaction_session_timeout"):
+                conn.execute(text(f'ALTER DATABASE "{name}" SET {setting} = {IDLE_MS}'))
+        yield engine  # its sessions from here on start with both timeouts
     finally:
         engine.dispose()
         with admin.connect() as conn:

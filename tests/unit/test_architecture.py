@@ -190,6 +190,7 @@ DIALECT_PLACES = {
     "sqla_queue/adapters/": "every statement on the queue, per dialect",
     "sqla_queue/alembic/ddl.py": "the CREATE statements",
     "sqla_queue/common/ddl_singlestore.py": "SingleStore's CREATE TABLE options",
+    "sqla_queue/common/dialects.py": "the dialects sqla-queue ddl compiles for",
     "sqla_queue/alembic/": "the migration operations",
     "sqla_queue/schema/mixins.py": "the schema",
     "sqla_queue/common/types.py": "the schema's column types",
