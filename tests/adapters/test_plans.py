@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, text, update
+from sqlalchemy import Engine, create_engine, event, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from sqla_queue import QueueClient, control, install, uninstall
@@ -44,6 +44,8 @@ from tests.support.app import App, build
 
 # the monitoring queries of docs/lifecycle.md and docs/columns.md, as a
 # user or `status` would run them ({t}: the table)
+#: of the finished history, this many oldest rows are made old enough to purge
+OLD_HISTORY = 5_000
 MONITORING = [
     "SELECT count(*) FROM {t} WHERE status = 'pendente' AND data_hora <= CURRENT_TIMESTAMP",
     "SELECT id, worker_id, lease_expires_at FROM {t} WHERE status = 'processando'",
@@ -103,8 +105,16 @@ def exercise(engine: Engine, app: App, plain: Engine) -> None:
 
     runner = Runner.for_worker(Periodical(), engine=engine, settings=settings)
     adapter, owner = runner.adapter, "probe"
-    with plain.begin() as conn:  # everything a day old: the purge and the TTL have work
-        conn.execute(update(app.Task).values(data_hora=utcnow() - dt.timedelta(days=1)))
+    with plain.begin() as conn:  # a day old: the purge and the TTL have work
+        t = app.Task
+        first = conn.execute(select(func.min(t.id)).where(t.process == "velho")).scalar()
+        # of the history only its oldest OLD_HISTORY rows: the purge deletes
+        # a few chunks, each planned beside the rest of the history (all of
+        # it old made the purge 4,000 statements, 11 s of EXPLAINs on MariaDB)
+        old = t.process != "velho"
+        if first is not None:
+            old = or_(old, t.id < first + OLD_HISTORY)
+        conn.execute(update(t).where(old).values(data_hora=utcnow() - dt.timedelta(days=1)))
     with Session(engine) as session, session.begin():
         QueueClient(session, app.Task.__tablename__).insert_task(processo="faturar", payload={})
     with contextlib.closing(adapter.connect_claim(engine)) as claim:
