@@ -56,6 +56,8 @@ _WAITING = (Status.PENDING, Status.SCHEDULED)
 #: gate keys per statement: an IN list of row values short enough for an
 #: index look-up on every database (see ``id_chunks``)
 _KEYS_MAX = 500
+#: gates_count_down takes up to this many gates one UPDATE ... RETURNING each
+_ONE_BY_ONE = 4
 
 
 def tables_present(conn: Connection, tables: Iterable[Table]) -> bool:
@@ -99,6 +101,15 @@ class WorkflowQueries:
             .with_for_update()
         )
         self._gates_take = update(gates).where(keys).values(waiting=g.waiting - bindparam("n"))
+        # one gate where an UPDATE returns: the write locks the row and
+        # counts down its latest committed count (PostgreSQL's READ
+        # COMMITTED applies it to the version a concurrent commit left)
+        self._gate_take = (
+            update(gates)
+            .where(g.owner_id == bindparam("b_owner"), g.slot == bindparam("b_slot"))
+            .values(waiting=g.waiting - bindparam("b_n"))
+            .returning(g.waiting)
+        )
         end = and_(g.owner_id == -bindparam("workflow"), g.slot == 0)
         self._finish = (
             update(gates).where(end, g.outcome.is_(None)).values(outcome=bindparam("outcome"))
@@ -275,6 +286,29 @@ class WorkflowQueries:
         for n, keys in by_amount.items():
             for at in range(0, len(keys), _KEYS_MAX):
                 conn.execute(self._gates_take, {"keys": keys[at : at + _KEYS_MAX], "n": n})
+
+    def gates_count_down(
+        self, conn: Connection, *, amounts: dict[tuple[int, int], int]
+    ) -> dict[tuple[int, int], int]:
+        """Take ``amounts`` off their gates ((owner, slot) -> n), each
+        locked until the transaction ends, in key order, and counted down
+        from its latest committed count; what each gate has left (a gate
+        that does not exist is left out). Where the dialect returns from an
+        UPDATE and the gates are few (a batch's completions open one or
+        two), one ``UPDATE ... RETURNING`` per gate in key order (PostgreSQL's
+        READ COMMITTED applies it to the version a concurrent commit left);
+        else :meth:`gates_lock`, then :meth:`gates_take`."""
+        if conn.dialect.update_returning and len(amounts) <= _ONE_BY_ONE:
+            left = {}
+            for (owner, slot), n in sorted(amounts.items()):
+                values = {"b_owner": owner, "b_slot": slot, "b_n": n}
+                row = conn.execute(self._gate_take, values).first()
+                if row is not None:
+                    left[(owner, slot)] = int(row[0])
+            return left
+        waiting = self.gates_lock(conn, keys=list(amounts))
+        self.gates_take(conn, amounts=amounts)
+        return {gate: waiting[gate] - n for gate, n in amounts.items() if gate in waiting}
 
     def release(self, conn: Connection, *, ids: Sequence[int]) -> int:
         """Make the waiting steps ``ids`` ready now (``pendente``,

@@ -214,11 +214,10 @@ class StepLinks:
         if not amounts:
             return []
         queries = self.adapter.workflow
-        waiting = queries.gates_lock(conn, keys=list(amounts))
-        queries.gates_take(conn, amounts=amounts)
+        lefts = queries.gates_count_down(conn, amounts=amounts)
         reached = []
-        for gate, n in sorted(amounts.items()):
-            if gate not in waiting:  # enqueued before the gates: never released early
+        for gate in sorted(amounts):
+            if gate not in lefts:  # enqueued before the gates: never released early
                 logger.error(
                     "workflow gate %s is missing: step %d is not released (a workflow "
                     "enqueued before its queue had gates? docs/workflows.md, Tables)",
@@ -226,7 +225,7 @@ class StepLinks:
                     gate[0],
                 )
                 continue
-            left = waiting[gate] - n
+            left = lefts[gate]
             if left == 0:
                 reached.append(gate)
             elif left < 0:  # a gate counted down past 0: never released twice

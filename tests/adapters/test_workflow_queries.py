@@ -108,6 +108,41 @@ def test_the_gate_locked_after_the_other_parents_commit_reads_its_count(
         assert queries.children_of(conn, parents=[a, b]) == []  # done: not read again
 
 
+def test_gates_are_counted_down_from_the_counts_the_other_parents_committed(
+    contract: Contract,
+) -> None:
+    """``gates_count_down`` (one UPDATE ... RETURNING a gate where the
+    dialect has it and the gates are few, else a locking read and the
+    takes) counts down the latest committed counts, not the snapshot's,
+    and leaves a missing gate out."""
+    queries = contract.adapter.workflow
+    with contract.engine.begin() as conn:
+        [child] = _waiting(contract, conn, 1)
+        queries.gates_insert_many(conn, rows=[(child, 0, 2), (child, 1, 3)])
+        assert queries.gates_count_down(conn, amounts={(child, 7): 1}) == {}  # no such gate
+    both = {(child, 0): 1, (child, 1): 1}
+    if contract.adapter.single_writer:
+        with contract.engine.begin() as conn:
+            assert queries.gates_count_down(conn, amounts=both) == {(child, 0): 1, (child, 1): 2}
+        with contract.engine.begin() as conn:
+            assert queries.gates_count_down(conn, amounts={(child, 0): 1}) == {(child, 0): 0}
+        return
+    with contract.engine.connect() as first, contract.engine.connect() as second:
+        first.begin()
+        assert queries.gates_count_down(first, amounts=both) == {(child, 0): 1, (child, 1): 2}
+        second.begin()
+        assert queries.children_of(second, parents=[child]) == []  # its snapshot begins
+        first.commit()
+        assert queries.gates_count_down(second, amounts={(child, 0): 1}) == {(child, 0): 0}
+        # many gates: the locking read and the takes, from the latest counts too
+        many = {(child, 1): 2, **{(child, 7 + k): 1 for k in range(8)}}
+        assert queries.gates_count_down(second, amounts=many) == {(child, 1): 0}
+        second.commit()
+    with contract.engine.connect() as conn:
+        found = queries.gates_lock(conn, keys=[(child, 0), (child, 1)])
+    assert found == {(child, 0): 0, (child, 1): 0}
+
+
 def test_gates_count_down_by_amount_in_chunks(contract: Contract) -> None:
     """Many gates at once (more than one statement's worth of keys), two
     amounts; unknown keys are left out of the counts."""
