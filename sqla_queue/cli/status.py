@@ -16,7 +16,7 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["cancel", "dashboard", "pause", "resume", "retry_now", "status"]
 
 _URL_HELP = "SQLAlchemy database URL [default: SQLA_QUEUE_URL, else DB_*]"
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -89,18 +91,24 @@ def status(
         if workflow_id is not None:
             from ..ops.workflow_view import workflow_status
 
-            if watch:
-                _watch(
-                    lambda: _render_workflow(workflow_status(queue.engine, model, workflow_id)),
-                    interval,
-                )
-                return
-            found = workflow_status(queue.engine, model, workflow_id)
-            _show_one(as_json, found.as_dict, lambda: _render_workflow(found))
+            _show_one(
+                lambda: workflow_status(queue.engine, model, workflow_id),
+                lambda found: found.as_dict(),
+                _render_workflow,
+                as_json=as_json,
+                watch=watch,
+                interval=interval,
+            )
             return
         if task_id is not None:
-            timeline = task_timeline(queue.engine, model, task_id)
-            _show_one(as_json, timeline.as_json, lambda: _render_timeline(timeline))
+            _show_one(
+                lambda: task_timeline(queue.engine, model, task_id),
+                lambda timeline: timeline.as_json(),
+                _render_timeline,
+                as_json=as_json,
+                watch=watch,
+                interval=interval,
+            )
             return
 
         def take() -> QueueStatus:
@@ -120,13 +128,23 @@ def status(
 
 
 def _show_one(
-    as_json: bool, data: Callable[[], dict[str, Any]], rendered: Callable[[], Group]
+    read: Callable[[], T],
+    data: Callable[[T], dict[str, Any]],
+    rendered: Callable[[T], Group],
+    *,
+    as_json: bool,
+    watch: bool,
+    interval: float,
 ) -> None:
-    """One object: its JSON (``--json``), else its rendering."""
-    if as_json:
-        click.echo(json.dumps(data()))
+    """One object (a task, a workflow), ``read()``: its JSON (``--json``),
+    its rendering read again every ``interval`` seconds (``--watch``), or
+    its rendering once."""
+    if watch:
+        _watch(lambda: rendered(read()), interval)
+    elif as_json:
+        click.echo(json.dumps(data(read())))
     else:
-        _console().print(rendered())
+        _console().print(rendered(read()))
 
 
 def _console() -> Console:

@@ -288,18 +288,20 @@ def _terminal_output(primary: int, into: list[bytes]) -> None:
         into.append(chunk)
 
 
-def test_status_workflow_watch_refreshes_the_workflow_until_ctrl_c(
-    engine: Engine, app: App, db_url: str, installed: None
+@pytest.mark.parametrize("shown_one", ["--workflow", "--task"])
+def test_status_watch_refreshes_the_workflow_or_the_task_until_ctrl_c(
+    engine: Engine, app: App, db_url: str, installed: None, shown_one: str
 ) -> None:
     """The real CLI on a terminal (a pty: rich redraws only there): the
-    workflow's table, then the same table again once a worker ran the
-    workflow, and exit 0 on Ctrl-C (SIGINT)."""
+    workflow's table (or its first step's timeline), then the same table
+    again once a worker ran the workflow, and exit 0 on Ctrl-C (SIGINT)."""
     a = step(app, "a")
     b = step(app, "b").after(a)
     workflow_id = enqueue_flow(engine, group(a, b))
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
-    command = ("status", WORKER, "--url", db_url, "--workflow", str(workflow_id), "--watch")
+    one = workflow_id if shown_one == "--workflow" else a.id
+    command = ("status", WORKER, "--url", db_url, shown_one, str(one), "--watch")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sqla_queue.cli", *command, "--interval", "0.5"],
         cwd=ROOT,
@@ -319,11 +321,17 @@ def test_status_workflow_watch_refreshes_the_workflow_until_ctrl_c(
 
     def drawn(state: str) -> bool:
         """The table's title says ``state`` (the title wraps at the table's width)."""
-        title = f"workflow {workflow_id} of {app.Task.__tablename__} (on failure: stop): {state};"
+        if shown_one == "--workflow":
+            title = (
+                f"workflow {workflow_id} of {app.Task.__tablename__} (on failure: stop): {state};"
+            )
+        else:
+            title = f"task {a.id}: chain {a.id} (faturar), {state}"
         return "".join(title.split()) in "".join(shown().split())
 
     try:
-        wait_until(lambda: drawn("running"), timeout=60, message="the first table")
+        first = "running" if shown_one == "--workflow" else "ready"
+        wait_until(lambda: drawn(first), timeout=60, message="the first table")
         drain(flow_worker(app, Seen()), engine)
         wait_until(lambda: drawn("succeeded"), message="the table redrawn")
         proc.send_signal(signal.SIGINT)
@@ -364,8 +372,12 @@ def test_the_task_page_links_to_its_workflow_and_the_workflow_page_to_its_tasks(
             page = web.get(f"{base}/tasks/{task_id}", timeout=10)
             assert page.status_code == 200
             assert link in page.text, task_id
+            # the API says it too
+            found = web.get(f"{base}/api/tasks/{task_id}", timeout=10).json()
+            assert found["workflow_id"] == workflow_id, task_id
         page = web.get(f"{base}/tasks/{plain.id}", timeout=10)
         assert page.status_code == 200 and 'id="workflow"' not in page.text
+        assert web.get(f"{base}/api/tasks/{plain.id}", timeout=10).json()["workflow_id"] is None
         flow_page = web.get(f"{base}/workflows/{workflow_id}", timeout=10)
         for task_id in (a.id, b.id):
             assert f'<a href="/tasks/{task_id}">{task_id}</a>' in flow_page.text

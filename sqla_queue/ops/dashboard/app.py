@@ -368,7 +368,8 @@ def create_app(
             timeline, payload = timeline_and_payload(task_id)
         except TaskNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
-        return JSONResponse({**timeline.as_json(), "payload": payload})
+        workflow_id = workflow_of(engine, table, timeline.chain_id)  # None: not a step
+        return JSONResponse({**timeline.as_json(), "payload": payload, "workflow_id": workflow_id})
 
     def task_page(asked: dict[str, Any]) -> TaskPage:
         adapter = adapter_of(engine.dialect, table, task_locks=False)
