@@ -42,10 +42,10 @@ from sqla_queue.worker import Runner
 from tests.conftest import server_url
 from tests.support.app import App, build
 
-# the monitoring queries of docs/lifecycle.md and docs/columns.md, as a
-# user or `status` would run them ({t}: the table)
 #: of the finished history, this many oldest rows are made old enough to purge
 OLD_HISTORY = 5_000
+# the monitoring queries of docs/lifecycle.md and docs/columns.md, as a
+# user or `status` would run them ({t}: the table)
 MONITORING = [
     "SELECT count(*) FROM {t} WHERE status = 'pendente' AND data_hora <= CURRENT_TIMESTAMP",
     "SELECT id, worker_id, lease_expires_at FROM {t} WHERE status = 'processando'",

@@ -296,22 +296,24 @@ def create_app(
             return JSONResponse({"error": _bad_window(window)}, status_code=400)
         return JSONResponse(finished_history(engine, table, window=window).as_json())
 
-    def timeline_and_payload(task_id: int) -> tuple[Timeline, Any]:
-        """``task_id``'s timeline and its payload as the API gives it
-        (decoded, its secrets masked): a retry's row may hold none, its
-        chain's first attempt does. Raises TaskNotFoundError."""
+    def task_view(task_id: int) -> tuple[Timeline, Any, int | None]:
+        """``task_id``'s timeline, its payload as the API gives it (decoded,
+        its secrets masked: a retry's row may hold none, its chain's first
+        attempt does) and its workflow's id (None: not a step), for its
+        page and the API alike. Raises TaskNotFoundError."""
         timeline = task_timeline(engine, table, task_id)
         with engine.connect() as conn:
             adapter = adapter_of(engine.dialect, table, task_locks=False)
             stored = adapter.task_payloads(conn, ids=[task_id, timeline.chain_id])
-        return timeline, _payload(stored.get(task_id) or stored.get(timeline.chain_id))
+        payload = _payload(stored.get(task_id) or stored.get(timeline.chain_id))
+        return timeline, payload, workflow_of(engine, table, timeline.chain_id)
 
     def task(request: Request) -> Response:
         task_id = _task_id(request.path_params["task_id"])
         if task_id is None:
             return page(request, "error.html", 404, error=_no_task(request))
         try:
-            timeline, payload = timeline_and_payload(task_id)
+            timeline, payload, workflow_id = task_view(task_id)
         except TaskNotFoundError as exc:
             return page(request, "error.html", 404, error=str(exc))
         return page(
@@ -320,8 +322,7 @@ def create_app(
             timeline=timeline,
             actions=_actions_for(timeline),
             payload=json.dumps(payload, ensure_ascii=False, indent=2),
-            # a workflow's step links to its workflow's page
-            workflow_id=workflow_of(engine, table, timeline.chain_id),
+            workflow_id=workflow_id,  # a workflow's step links to its workflow's page
         )
 
     def dead(request: Request) -> Response:
@@ -365,10 +366,9 @@ def create_app(
         if task_id is None:
             return JSONResponse({"error": _no_task(request)}, status_code=404)
         try:
-            timeline, payload = timeline_and_payload(task_id)
+            timeline, payload, workflow_id = task_view(task_id)
         except TaskNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
-        workflow_id = workflow_of(engine, table, timeline.chain_id)  # None: not a step
         return JSONResponse({**timeline.as_json(), "payload": payload, "workflow_id": workflow_id})
 
     def task_page(asked: dict[str, Any]) -> TaskPage:
